@@ -1,0 +1,38 @@
+"""django-dbqueue: a durable background-job queue in the PostgreSQL database Django already uses.
+
+The public API is what ``__all__`` lists; everything else may change between releases.
+"""
+
+from .backoff import Backoff
+from .context import JobContext
+from .enqueue import EnqueuedJob, enqueue, enqueue_many
+from .exceptions import (
+    DBQueueError,
+    DiscardJob,
+    EnqueueError,
+    JobRegistrationError,
+    PayloadError,
+    RetryJob,
+    UnknownJobType,
+    UnsupportedDatabase,
+)
+from .registry import job
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "Backoff",
+    "DBQueueError",
+    "DiscardJob",
+    "EnqueueError",
+    "EnqueuedJob",
+    "JobContext",
+    "JobRegistrationError",
+    "PayloadError",
+    "RetryJob",
+    "UnknownJobType",
+    "UnsupportedDatabase",
+    "enqueue",
+    "enqueue_many",
+    "job",
+]

@@ -1,0 +1,196 @@
+"""Acknowledgements: outcomes of finished handlers, written back in batches.
+
+Successes are buffered and flushed as one fenced statement every ``ACK_INTERVAL`` seconds or
+``ACK_BATCH`` jobs, whichever comes first. A crash before a flush means those jobs run again,
+which at-least-once delivery already allows. Failures go through the same thread so that both
+survive a lost connection: a flush that fails is kept and retried, fenced, once the database is
+back, so a connection blip does not make finished work run again.
+"""
+
+import json
+import logging
+import threading
+import time
+
+from django.db import connections
+
+from . import signals, store
+from .dbretry import DB_ERRORS, reset_connection
+
+logger = logging.getLogger("django_dbqueue")
+
+
+class Acknowledger(threading.Thread):
+    def __init__(self, using, *, interval, batch, worker_id, stop_event):
+        super().__init__(name="dbqueue-acks", daemon=True)
+        self.using = using
+        self.interval = interval
+        self.batch = batch
+        self.worker_id = worker_id
+        self.stop_event = stop_event
+        self._cond = threading.Condition()
+        self._done = []  # (ctx, result_json)
+        self._failed = []  # (ctx, error dict, delay, dead)
+        self._closing = False
+        self.succeeded = 0
+        self.failed = 0
+        self.fenced = 0
+        self.dead = 0
+
+    # -- called by handler threads -------------------------------------------------------------
+    def succeed(self, ctx, result=None):
+        result_json = None if result is None else json.dumps(result)
+        with self._cond:
+            self._done.append((ctx, result_json))
+            if len(self._done) == 1 or len(self._done) >= self.batch:
+                self._cond.notify()
+
+    def fail(self, ctx, error, *, delay, dead=False):
+        with self._cond:
+            self._failed.append((ctx, error, delay, dead))
+            self._cond.notify()
+
+    def committed(self, ctx):
+        """An atomic handler committed its own completion: count it and send the signal."""
+        with self._cond:
+            self.succeeded += 1
+        if signals.job_succeeded.has_listeners():
+            signals.job_succeeded.send(
+                ctx.type,
+                job_id=ctx.id,
+                job_type=ctx.type,
+                queue=ctx.queue,
+                attempt=ctx.attempt,
+                worker_id=self.worker_id,
+            )
+
+    def pending(self):
+        with self._cond:
+            return len(self._done) + len(self._failed)
+
+    # -- the thread ----------------------------------------------------------------------------
+    def run(self):
+        while True:
+            with self._cond:
+                while not (self._done or self._failed or self._closing):
+                    self._cond.wait()
+                if self._done and not self._failed and not self._closing:
+                    # Give a batch a moment to fill; a full batch or a failure cuts it short.
+                    deadline = time.monotonic() + self.interval
+                    while len(self._done) < self.batch and not self._failed and not self._closing:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                done, self._done = self._done, []
+                failed, self._failed = self._failed, []
+                closing = self._closing
+            self._flush(done, failed)
+            if closing and not self.pending():
+                connections[self.using].close()
+                return
+
+    def close(self, timeout):
+        """Flush what is buffered (retrying through connection loss until ``timeout``), stop."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self.join(timeout)
+        return not self.is_alive()
+
+    def _flush(self, done, failed):
+        attempt = 0
+        while done or failed:
+            try:
+                if done:
+                    self._write_done(done)
+                    done = []
+                while failed:
+                    self._write_failure(*failed[0])
+                    failed.pop(0)
+            except DB_ERRORS as exc:
+                attempt += 1
+                reset_connection(self.using)
+                delay = min(5.0, 0.05 * 2**attempt)
+                logger.warning(
+                    "dbqueue could not write %d acknowledgements (%s); retrying in %.2fs",
+                    len(done) + len(failed),
+                    exc,
+                    delay,
+                )
+                # Keep retrying while the worker runs; at shutdown the caller's timeout bounds it.
+                time.sleep(delay)
+
+    def _write_done(self, done):
+        matched = store.complete(self.using, [(c.id, c.attempt, r) for c, r in done])
+        self.succeeded += len(matched)
+        send = signals.job_succeeded.has_listeners()
+        for ctx, _ in done:
+            if ctx.id not in matched:
+                self.fenced += 1
+                logger.warning(
+                    "dbqueue fenced job=%s type=%s attempt=%s: completion discarded, the lease "
+                    "was lost and the job belongs to another attempt",
+                    ctx.id,
+                    ctx.type,
+                    ctx.attempt,
+                )
+            elif send:
+                signals.job_succeeded.send(
+                    ctx.type,
+                    job_id=ctx.id,
+                    job_type=ctx.type,
+                    queue=ctx.queue,
+                    attempt=ctx.attempt,
+                    worker_id=self.worker_id,
+                )
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "dbqueue succeeded job=%s type=%s attempt=%s", ctx.id, ctx.type, ctx.attempt
+                )
+
+    def _write_failure(self, ctx, error, delay, dead):
+        state = store.fail(
+            self.using, job_id=ctx.id, attempt=ctx.attempt, error=error, delay=delay, dead=dead
+        )
+        common = {
+            "job_id": ctx.id,
+            "job_type": ctx.type,
+            "queue": ctx.queue,
+            "attempt": ctx.attempt,
+            "worker_id": self.worker_id,
+            "error": error,
+        }
+        if state is None:
+            self.fenced += 1
+            logger.warning(
+                "dbqueue fenced job=%s type=%s attempt=%s: failure discarded, the lease was lost",
+                ctx.id,
+                ctx.type,
+                ctx.attempt,
+            )
+        elif state == "dead":
+            self.dead += 1
+            logger.error(
+                "dbqueue dead job=%s type=%s attempt=%s/%s: %s: %s",
+                ctx.id,
+                ctx.type,
+                ctx.attempt,
+                ctx.max_attempts,
+                error["class"],
+                error["message"],
+            )
+            signals.job_dead.send(ctx.type, **common)
+        else:
+            self.failed += 1
+            logger.warning(
+                "dbqueue retried job=%s type=%s attempt=%s/%s in %.1fs: %s: %s",
+                ctx.id,
+                ctx.type,
+                ctx.attempt,
+                ctx.max_attempts,
+                delay,
+                error["class"],
+                error["message"],
+            )
+            signals.job_failed.send(ctx.type, retry_in=delay, **common)

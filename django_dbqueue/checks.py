@@ -1,0 +1,234 @@
+"""System checks for the ``DBQUEUE`` setting and the registered job types.
+
+Ids are stable and listed in docs/checks.md:
+
+- ``dbqueue.E001`` ``DBQUEUE`` is not a dict.
+- ``dbqueue.E002`` an unknown key in ``DBQUEUE`` (the hint names the closest known key).
+- ``dbqueue.E003`` a value of the wrong type or out of range.
+- ``dbqueue.E004`` a lease (global or a job type's) not longer than ``HEARTBEAT_INTERVAL``.
+- ``dbqueue.E005`` the queue database is not PostgreSQL.
+- ``dbqueue.E006`` a job type's queue is not in ``QUEUES``.
+- ``dbqueue.W001`` a lease shorter than two heartbeat intervals: one late heartbeat loses it.
+"""
+
+import difflib
+import numbers
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+from django.db import connections
+
+from . import registry
+from .conf import DEFAULTS, SETTING_NAME, Settings
+
+
+def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=False):
+    if value is None:
+        return allow_none
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    if integer and not isinstance(value, int):
+        return False
+    if minimum is not None:
+        return value > minimum if exclusive else value >= minimum
+    return True
+
+
+# key -> (predicate, what it must be)
+_RULES = {
+    "DATABASE": (lambda v: isinstance(v, str) and bool(v), "a database alias (str)"),
+    "QUEUES": (None, "a dict of queue name -> options dict"),
+    "DEFAULT_QUEUE": (lambda v: isinstance(v, str) and bool(v), "a queue name (str)"),
+    "CONCURRENCY": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
+    "PREFETCH": (
+        lambda v: _number(v, minimum=0, integer=True, allow_none=True),
+        "an integer >= 0 or None",
+    ),
+    "POLL_INTERVAL": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
+    "LEASE": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
+    "HEARTBEAT_INTERVAL": (
+        lambda v: _number(v, minimum=0, exclusive=True),
+        "a number of seconds > 0",
+    ),
+    "MAX_ATTEMPTS": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
+    "BACKOFF_BASE": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
+    "BACKOFF_FACTOR": (lambda v: _number(v, minimum=1), "a number >= 1"),
+    "BACKOFF_CAP": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
+    "SWEEP_INTERVAL": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
+    "SWEEP_BATCH": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
+    "SHUTDOWN_GRACE": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
+    "ACK_INTERVAL": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
+    "ACK_BATCH": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
+    "NOTIFY_CHANNEL": (
+        lambda v: isinstance(v, str) and 0 < len(v) <= 63,
+        "a channel name (str of 1 to 63 characters)",
+    ),
+    "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
+    "STATUS_INTERVAL": (
+        lambda v: _number(v, minimum=0),
+        "a number of seconds >= 0 (0 turns it off)",
+    ),
+}
+assert set(_RULES) == set(DEFAULTS), "every setting needs a check rule"
+
+
+def _error(id_, msg, hint=None):
+    return Error(msg, hint=hint, id=f"dbqueue.{id_}")
+
+
+def _check_queues(queues):
+    errors = []
+    if not isinstance(queues, dict) or not queues:
+        return [
+            _error(
+                "E003",
+                f"{SETTING_NAME}['QUEUES'] must be a non-empty dict of queue name -> options, got {queues!r}.",
+                hint='For example: {"default": {}, "emails": {"concurrency": 4}}',
+            )
+        ]
+    for name, options in queues.items():
+        if not isinstance(name, str) or not name or len(name) > 100:
+            errors.append(
+                _error(
+                    "E003",
+                    f"{SETTING_NAME}['QUEUES'] has an invalid queue name {name!r}.",
+                    hint="Queue names are non-empty strings of at most 100 characters.",
+                )
+            )
+            continue
+        if not isinstance(options, dict):
+            errors.append(
+                _error(
+                    "E003",
+                    f"{SETTING_NAME}['QUEUES'][{name!r}] must be a dict of options, got {options!r}.",
+                    hint="Use {} for a queue with no options.",
+                )
+            )
+            continue
+        for key, value in options.items():
+            if key != "concurrency":
+                errors.append(
+                    _error(
+                        "E002",
+                        f"{SETTING_NAME}['QUEUES'][{name!r}] has an unknown option {key!r}.",
+                        hint="The only queue option is 'concurrency'.",
+                    )
+                )
+            elif not _number(value, minimum=1, integer=True, allow_none=True):
+                errors.append(
+                    _error(
+                        "E003",
+                        f"{SETTING_NAME}['QUEUES'][{name!r}]['concurrency'] must be an integer >= 1 or None, got {value!r}.",
+                    )
+                )
+    return errors
+
+
+@register(Tags.compatibility, "dbqueue")
+def check_settings(app_configs=None, **kwargs):
+    user = getattr(settings, SETTING_NAME, {})
+    if user is None:
+        user = {}
+    if not isinstance(user, dict):
+        return [
+            _error(
+                "E001",
+                f"{SETTING_NAME} must be a dict, got {type(user).__name__}.",
+                hint=f"{SETTING_NAME} = {{'QUEUES': {{'default': {{}}}}}}",
+            )
+        ]
+    errors = []
+    for key in user:
+        if key not in DEFAULTS:
+            close = difflib.get_close_matches(str(key), DEFAULTS, n=1)
+            hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
+            errors.append(_error("E002", f"{SETTING_NAME} has an unknown key {key!r}.", hint=hint))
+    for key, value in user.items():
+        if key not in _RULES:
+            continue
+        if key == "QUEUES":
+            errors.extend(_check_queues(value))
+            continue
+        predicate, expected = _RULES[key]
+        if not predicate(value):
+            errors.append(
+                _error(
+                    "E003",
+                    f"{SETTING_NAME}['{key}'] must be {expected}, got {value!r}.",
+                    hint=f"The default is {DEFAULTS[key]!r}.",
+                )
+            )
+    if errors:
+        return errors
+    conf = Settings({k: v for k, v in user.items() if k in DEFAULTS})
+    errors.extend(_check_leases(conf))
+    if conf.DEFAULT_QUEUE not in conf.QUEUES:
+        errors.append(
+            _error(
+                "E006",
+                f"{SETTING_NAME}['DEFAULT_QUEUE'] {conf.DEFAULT_QUEUE!r} is not in QUEUES.",
+                hint=f"Add {conf.DEFAULT_QUEUE!r} to {SETTING_NAME}['QUEUES'] or change DEFAULT_QUEUE.",
+            )
+        )
+    for job_type in registry.all_types().values():
+        queue = job_type.get_queue(conf)
+        if queue not in conf.QUEUES:
+            errors.append(
+                _error(
+                    "E006",
+                    f"job type {job_type.name!r} ({job_type.location}) uses queue {queue!r}, which is not in {SETTING_NAME}['QUEUES'].",
+                    hint=f"Add {queue!r} to {SETTING_NAME}['QUEUES']; no worker would claim its jobs.",
+                )
+            )
+    errors.extend(_check_database(conf))
+    return errors
+
+
+def _check_leases(conf):
+    errors = []
+    heartbeat = conf.HEARTBEAT_INTERVAL
+    leases = [(f"{SETTING_NAME}['LEASE']", conf.LEASE)]
+    leases += [
+        (f"job type {t.name!r} lease", t.lease) for t in registry.all_types().values() if t.lease
+    ]
+    for label, lease in leases:
+        if lease <= heartbeat:
+            errors.append(
+                _error(
+                    "E004",
+                    f"{label} ({lease:g}s) is not longer than HEARTBEAT_INTERVAL ({heartbeat:g}s): "
+                    "every running job would lose its lease between two heartbeats and run twice.",
+                    hint="Make the lease at least 3 x HEARTBEAT_INTERVAL.",
+                )
+            )
+        elif lease < 2 * heartbeat:
+            errors.append(
+                Warning(
+                    f"{label} ({lease:g}s) is shorter than two heartbeat intervals ({2 * heartbeat:g}s): "
+                    "one late heartbeat (a slow query, a GC pause) loses the lease.",
+                    hint="Make the lease at least 3 x HEARTBEAT_INTERVAL.",
+                    id="dbqueue.W001",
+                )
+            )
+    return errors
+
+
+def _check_database(conf):
+    if conf.DATABASE not in connections:
+        return [
+            _error(
+                "E005",
+                f"{SETTING_NAME}['DATABASE'] names {conf.DATABASE!r}, which is not in DATABASES.",
+                hint=f"Use one of: {', '.join(connections)}.",
+            )
+        ]
+    vendor = connections[conf.DATABASE].vendor
+    if vendor != "postgresql":
+        return [
+            _error(
+                "E005",
+                f"database {conf.DATABASE!r} is {vendor}; django-dbqueue needs PostgreSQL.",
+                hint="Point DBQUEUE['DATABASE'] at a PostgreSQL database (15 or newer).",
+            )
+        ]
+    return []

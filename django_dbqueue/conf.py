@@ -1,0 +1,71 @@
+"""The ``DBQUEUE`` setting: named defaults, read lazily, reset when tests override settings."""
+
+from functools import lru_cache
+
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+SETTING_NAME = "DBQUEUE"
+
+# Every key, its default and (in the comment) its unit. docs/settings.md mirrors this table.
+DEFAULTS = {
+    "DATABASE": "default",  # database alias of the queue tables
+    "QUEUES": {"default": {}},  # name -> {"concurrency": int | None}
+    "DEFAULT_QUEUE": "default",  # queue of a type that names none
+    "CONCURRENCY": 10,  # handler threads per worker process
+    "PREFETCH": None,  # extra jobs claimed beyond free threads; None = CONCURRENCY
+    "POLL_INTERVAL": 2.0,  # seconds between claims when no notification arrives
+    "LEASE": 60.0,  # seconds a claim holds a job before the sweeper may take it back
+    "HEARTBEAT_INTERVAL": 10.0,  # seconds between lease extensions of running jobs
+    "MAX_ATTEMPTS": 10,  # claims before a failing job is dead
+    "BACKOFF_BASE": 2.0,  # seconds: ceiling of the first retry delay
+    "BACKOFF_FACTOR": 2.0,  # growth of the ceiling per attempt
+    "BACKOFF_CAP": 3600.0,  # seconds: largest retry delay
+    "SWEEP_INTERVAL": 10.0,  # seconds between sweeps in each worker
+    "SWEEP_BATCH": 1000,  # rows per sweep statement
+    "SHUTDOWN_GRACE": 30.0,  # seconds running handlers get after SIGTERM
+    "ACK_INTERVAL": 0.005,  # seconds completions wait to be flushed in one statement
+    "ACK_BATCH": 500,  # completions that force a flush
+    "NOTIFY_CHANNEL": "dbqueue",  # LISTEN/NOTIFY channel
+    "LISTEN": True,  # False for PgBouncer in transaction mode: poll only
+    "STATUS_INTERVAL": 10.0,  # seconds between the worker's one-line summaries; 0 = never
+}
+
+
+class Settings:
+    """Attribute access to the merged settings (``get_settings().LEASE``)."""
+
+    def __init__(self, user):
+        self.user = dict(user)
+        merged = dict(DEFAULTS)
+        merged.update(user)
+        self._values = merged
+
+    def __getattr__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def prefetch(self):
+        return self.CONCURRENCY if self.PREFETCH is None else self.PREFETCH
+
+    def as_dict(self):
+        return dict(self._values)
+
+
+@lru_cache(maxsize=1)
+def get_settings():
+    """The merged ``DBQUEUE`` settings. Unknown keys and bad values are reported by checks."""
+    user = getattr(settings, SETTING_NAME, None) or {}
+    if not isinstance(user, dict):
+        user = {}
+    return Settings({k: v for k, v in user.items() if k in DEFAULTS})
+
+
+@receiver(setting_changed)
+def _reset(*, setting, **kwargs):
+    if setting == SETTING_NAME:
+        get_settings.cache_clear()

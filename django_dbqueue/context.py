@@ -1,0 +1,49 @@
+"""``JobContext``: what a handler receives. A light object built from the claimed row."""
+
+import json
+
+
+class JobContext:
+    """The claimed job, as a handler sees it.
+
+    ``id``, ``type``, ``queue``, ``payload`` (the decoded JSON), ``attempt`` (1 on the first run),
+    ``max_attempts``, ``idempotency_key`` (or ``None``), ``priority``, ``enqueued_at``,
+    ``worker_id`` and ``using`` (the database alias of the queue).
+    """
+
+    __slots__ = (
+        "attempt",
+        "enqueued_at",
+        "id",
+        "idempotency_key",
+        "lease_seconds",
+        "max_attempts",
+        "payload",
+        "priority",
+        "queue",
+        "type",
+        "using",
+        "worker_id",
+    )
+
+    def __init__(self, row, *, worker_id, using):
+        self.id = row.id
+        self.type = row.type
+        self.queue = row.queue
+        self.payload = json.loads(row.payload_json)
+        self.attempt = row.attempt
+        self.max_attempts = row.max_attempts
+        self.lease_seconds = row.lease_seconds
+        self.idempotency_key = row.idempotency_key
+        self.priority = row.priority
+        self.enqueued_at = row.created_at
+        self.worker_id = worker_id
+        self.using = using
+
+    @property
+    def is_last_attempt(self):
+        """True when a failure of this run sends the job to the dead letters."""
+        return self.attempt >= self.max_attempts
+
+    def __repr__(self):
+        return f"<JobContext {self.type} #{self.id} attempt {self.attempt}/{self.max_attempts}>"

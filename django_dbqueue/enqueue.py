@@ -1,0 +1,290 @@
+"""``enqueue()`` and ``enqueue_many()``: put jobs in the queue inside the caller's transaction."""
+
+import datetime
+import difflib
+import numbers
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connections
+from django.utils import timezone
+
+from . import payloads, registry, store
+from .conf import get_settings
+from .exceptions import EnqueueError, UnknownJobType, UnsupportedDatabase
+from .states import MAX_PRIORITY, MIN_PRIORITY
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedJob:
+    """What ``enqueue`` returns: the job's id, and whether this call created it.
+
+    ``created`` is False when a job with the same idempotency key already existed; ``id`` is then
+    that job's id.
+    """
+
+    id: int
+    created: bool
+    type: str
+    queue: str
+
+
+def _job_type(name):
+    job_type = registry.get(name)
+    if job_type is None:
+        if not isinstance(name, str):
+            raise UnknownJobType(f"job type must be a registered type name (str), got {name!r}")
+        known = sorted(registry.all_types())
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise UnknownJobType(
+            f"unknown job type {name!r}: no @job({name!r}) handler is registered.{hint} "
+            f"Registered: {', '.join(known) or 'none'} (handlers live in <app>/jobs.py)."
+        )
+    return job_type
+
+
+def _check_database(using):
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        raise UnsupportedDatabase(
+            f"database {using!r} is {connection.vendor}; django-dbqueue needs PostgreSQL "
+            "(it relies on FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY)."
+        )
+
+
+def _seconds(value, name):
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise EnqueueError(f"{name} must be seconds or a timedelta, got {value!r}")
+    if value < 0:
+        raise EnqueueError(f"{name} must not be negative, got {value!r}")
+    return float(value)
+
+
+def _run_after(value):
+    if value is None:
+        return None
+    if not isinstance(value, datetime.datetime):
+        raise EnqueueError(f"run_after must be a datetime, got {value!r}")
+    if timezone.is_naive(value):
+        if settings.USE_TZ:
+            raise EnqueueError(
+                f"run_after={value!r} is a naive datetime while USE_TZ is on; pass an aware one "
+                "(django.utils.timezone.now() + timedelta(...), or use delay=)"
+            )
+        value = timezone.make_aware(value, timezone.get_default_timezone())
+    return value
+
+
+def _prepare(
+    type,
+    payload,
+    *,
+    queue,
+    priority,
+    run_after,
+    delay,
+    idempotency_key,
+    max_attempts,
+    conf,
+):
+    """Validate one job's arguments; returns the values its INSERT binds."""
+    job_type = _job_type(type)
+    payload_json = payloads.dumps({} if payload is None else payload)
+    queue = job_type.get_queue(conf) if queue is None else queue
+    if not isinstance(queue, str) or not queue or len(queue) > 100:
+        raise EnqueueError(
+            f"queue must be a non-empty string of at most 100 characters, got {queue!r}"
+        )
+    if queue not in conf.QUEUES:
+        raise EnqueueError(
+            f"queue {queue!r} is not in DBQUEUE['QUEUES'] ({', '.join(conf.QUEUES)}); "
+            "no worker would claim it. Add it to the setting."
+        )
+    priority = job_type.priority if priority is None else priority
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise EnqueueError(f"priority must be an integer, got {priority!r}")
+    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise EnqueueError(
+            f"priority {priority} is out of range: it must be from {MIN_PRIORITY} to "
+            f"{MAX_PRIORITY} (higher runs first)"
+        )
+    if run_after is not None and delay is not None:
+        raise EnqueueError("pass run_after or delay, not both")
+    run_after = _run_after(run_after)
+    delay = 0.0 if delay is None else _seconds(delay, "delay")
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 300
+    ):
+        raise EnqueueError(
+            f"idempotency_key must be a non-empty string of at most 300 characters, got {idempotency_key!r}"
+        )
+    max_attempts = job_type.get_max_attempts(conf) if max_attempts is None else max_attempts
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise EnqueueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+    return {
+        "type": type,
+        "queue": queue,
+        "payload": payload_json,
+        "priority": priority,
+        "run_after": run_after,
+        "delay": delay,
+        "max_attempts": max_attempts,
+        "lease": job_type.get_lease(conf),
+        "key": idempotency_key,
+    }
+
+
+def enqueue(
+    type,
+    payload=None,
+    *,
+    queue=None,
+    priority=None,
+    run_after=None,
+    delay=None,
+    idempotency_key=None,
+    max_attempts=None,
+    using=None,
+):
+    """Add a job of registered ``type`` with a JSON ``payload``; returns an :class:`EnqueuedJob`.
+
+    **Transactions.** The INSERT runs on the connection of database ``using`` (default
+    ``DBQUEUE["DATABASE"]``) in whatever transaction is open there. Inside
+    ``transaction.atomic()`` the job commits with your other writes and disappears if they roll
+    back; workers are notified (``pg_notify``) only when the transaction commits. In autocommit
+    the INSERT commits at once. Writes made through another database alias are *not* in the
+    same transaction.
+
+    **Idempotency.** With ``idempotency_key``, at most one job with that key exists: if one does
+    (in any state, until it is pruned), nothing is inserted and its id is returned with
+    ``created=False``. Two transactions racing on a key: the second waits for the first to commit
+    and then gets the first one's job.
+
+    ``run_after`` (aware datetime) or ``delay`` (seconds or timedelta) schedules the job.
+    ``queue``, ``priority`` (-100..100, higher first) and ``max_attempts`` default to the type's.
+
+    Raises ``UnknownJobType``, ``PayloadError`` (naming the offending path), ``EnqueueError`` or
+    ``UnsupportedDatabase`` before anything is written.
+    """
+    conf = get_settings()
+    using = using or conf.DATABASE
+    _check_database(using)
+    values = _prepare(
+        type,
+        payload,
+        queue=queue,
+        priority=priority,
+        run_after=run_after,
+        delay=delay,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        conf=conf,
+    )
+    job_id = store.insert_job(using, channel=conf.NOTIFY_CHANNEL, **values)
+    if job_id is not None:
+        return EnqueuedJob(job_id, True, type, values["queue"])
+    existing = store.ids_by_keys(using, [idempotency_key])
+    if idempotency_key not in existing:  # pragma: no cover - the holder was deleted meanwhile
+        return enqueue(
+            type,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_after=run_after,
+            delay=delay,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            using=using,
+        )
+    return EnqueuedJob(existing[idempotency_key], False, type, values["queue"])
+
+
+_SPEC_KEYS = {
+    "type",
+    "payload",
+    "queue",
+    "priority",
+    "run_after",
+    "delay",
+    "idempotency_key",
+    "max_attempts",
+}
+
+
+def _spec(item, index):
+    if isinstance(item, dict):
+        unknown = set(item) - _SPEC_KEYS
+        if unknown:
+            raise EnqueueError(
+                f"jobs[{index}] has unknown keys {sorted(unknown)}; allowed: {sorted(_SPEC_KEYS)}"
+            )
+        if "type" not in item:
+            raise EnqueueError(f"jobs[{index}] has no 'type'")
+        spec = dict.fromkeys(_SPEC_KEYS)
+        spec.update(item)
+        return spec
+    if isinstance(item, tuple | list) and len(item) in (1, 2):
+        spec = dict.fromkeys(_SPEC_KEYS)
+        spec["type"] = item[0]
+        spec["payload"] = item[1] if len(item) == 2 else None
+        return spec
+    raise EnqueueError(
+        f"jobs[{index}] must be a dict of enqueue() arguments or a (type, payload) pair, got {item!r}"
+    )
+
+
+def enqueue_many(jobs, *, using=None):
+    """Add many jobs in one INSERT statement and one notification per queue; same rules as
+    :func:`enqueue`, inside the caller's transaction.
+
+    Each item is ``(type, payload)`` or a dict of ``enqueue()``'s arguments. Every item is
+    validated before anything is written; an error names the item's index. Returns a list of
+    :class:`EnqueuedJob` in the order given.
+    """
+    conf = get_settings()
+    using = using or conf.DATABASE
+    _check_database(using)
+    prepared = []
+    for index, item in enumerate(jobs):
+        spec = _spec(item, index)
+        try:
+            prepared.append(_prepare(**spec, conf=conf))
+        except (EnqueueError, UnknownJobType) as exc:
+            raise type(exc)(f"jobs[{index}]: {exc}") from exc
+        except payloads.PayloadError as exc:
+            raise payloads.PayloadError(f"jobs[{index}]: {exc}") from exc
+    if not prepared:
+        return []
+    columns = {
+        "types": [p["type"] for p in prepared],
+        "queues": [p["queue"] for p in prepared],
+        "payloads": [p["payload"] for p in prepared],
+        "priorities": [p["priority"] for p in prepared],
+        "run_afters": [p["run_after"] for p in prepared],
+        "delays": [p["delay"] for p in prepared],
+        "max_attempts": [p["max_attempts"] for p in prepared],
+        "leases": [p["lease"] for p in prepared],
+        "keys": [p["key"] for p in prepared],
+    }
+    rows = store.insert_jobs(using, channel=conf.NOTIFY_CHANNEL, columns=columns)
+    # RETURNING order is not guaranteed; rows without a key map back by insertion order, which
+    # INSERT ... SELECT ... ORDER BY preserves for the id sequence.
+    keyed = {key: job_id for job_id, key, _ in rows if key is not None}
+    unkeyed = sorted(job_id for job_id, key, _ in rows if key is None)
+    missing = [p["key"] for p in prepared if p["key"] is not None and p["key"] not in keyed]
+    existing = store.ids_by_keys(using, missing) if missing else {}
+    result, unkeyed_iter, seen = [], iter(unkeyed), set()
+    for p in prepared:
+        key = p["key"]
+        if key is None:
+            result.append(EnqueuedJob(next(unkeyed_iter), True, p["type"], p["queue"]))
+        elif key in keyed and key not in seen:
+            seen.add(key)
+            result.append(EnqueuedJob(keyed[key], True, p["type"], p["queue"]))
+        else:
+            job_id = keyed.get(key) or existing.get(key)
+            result.append(EnqueuedJob(job_id, False, p["type"], p["queue"]))
+    return result

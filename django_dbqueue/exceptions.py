@@ -1,0 +1,53 @@
+"""One root error, the bad-input errors it has, and the control-flow exceptions handlers raise."""
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class DBQueueError(Exception):
+    """Root of every error django-dbqueue raises."""
+
+
+class JobRegistrationError(DBQueueError, ImproperlyConfigured):
+    """A ``@job`` registration is wrong: duplicate type name, bad signature or option."""
+
+
+class UnknownJobType(DBQueueError, LookupError):
+    """``enqueue()`` was given a type name that no ``@job`` registered."""
+
+
+class PayloadError(DBQueueError, TypeError):
+    """A payload that would not survive a JSON round trip unchanged; names the offending path."""
+
+
+class EnqueueError(DBQueueError, ValueError):
+    """An ``enqueue()`` argument is out of range or of the wrong kind."""
+
+
+class UnsupportedDatabase(DBQueueError, ImproperlyConfigured):
+    """The database alias is not PostgreSQL."""
+
+
+class RetryJob(Exception):  # noqa: N818 - raised by handlers as an instruction, not an error
+    """Raise from a handler to retry after ``delay`` seconds instead of the type's backoff.
+
+    The attempt still counts: a job that keeps asking for a retry dies after ``max_attempts``.
+    """
+
+    def __init__(self, delay=0.0, reason=""):
+        if hasattr(delay, "total_seconds"):
+            delay = delay.total_seconds()
+        if not isinstance(delay, int | float) or delay < 0:
+            raise ValueError(
+                f"RetryJob delay must be a non-negative number of seconds, got {delay!r}"
+            )
+        self.delay = float(delay)
+        self.reason = reason
+        super().__init__(reason or f"retry requested in {self.delay:g}s")
+
+
+class DiscardJob(Exception):  # noqa: N818 - raised by handlers as an instruction, not an error
+    """Raise from a handler to send the job to the dead letters at once, with no further retry."""
+
+    def __init__(self, reason=""):
+        self.reason = reason
+        super().__init__(reason or "discarded by the handler")

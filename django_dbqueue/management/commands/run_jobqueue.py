@@ -1,0 +1,111 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+from django_dbqueue.conf import get_settings
+
+
+def _positive_int(name):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise CommandError(f"{name} must be a whole number, got {text!r}") from None
+        if value < 1:
+            raise CommandError(f"{name} must be at least 1, got {value}")
+        return value
+
+    return parse
+
+
+def _positive_float(name):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise CommandError(f"{name} must be a number of seconds, got {text!r}") from None
+        if not value > 0:
+            raise CommandError(f"{name} must be greater than 0, got {text}")
+        return value
+
+    return parse
+
+
+class Command(BaseCommand):
+    help = "Run a django-dbqueue worker: claim jobs from the queue and run their handlers."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--queues", help="Comma-separated queue names (default: all in DBQUEUE['QUEUES'])."
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=_positive_int("--concurrency"),
+            help="Handler threads per process.",
+        )
+        parser.add_argument(
+            "--processes",
+            type=_positive_int("--processes"),
+            default=1,
+            help="Worker processes (default 1).",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=_positive_float("--poll-interval"),
+            help="Seconds between polls when idle.",
+        )
+        parser.add_argument("--burst", action="store_true", help="Run what is due now, then exit.")
+        parser.add_argument(
+            "--max-jobs",
+            type=_positive_int("--max-jobs"),
+            help="Exit after claiming this many jobs.",
+        )
+
+    def handle(self, *args, **options):
+        conf = get_settings()
+        queues = list(conf.QUEUES)
+        if options["queues"]:
+            queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
+            if not queues:
+                raise CommandError("--queues needs at least one queue name")
+            unknown = [q for q in queues if q not in conf.QUEUES]
+            if unknown:
+                raise CommandError(
+                    f"--queues names {', '.join(map(repr, unknown))}, not in DBQUEUE['QUEUES'] "
+                    f"({', '.join(conf.QUEUES)})"
+                )
+        using = conf.DATABASE
+        if connections[using].vendor != "postgresql":
+            raise CommandError(
+                f"database {using!r} is {connections[using].vendor}; django-dbqueue needs PostgreSQL"
+            )
+        worker_kwargs = {
+            "queues": queues,
+            "concurrency": options["concurrency"] or conf.CONCURRENCY,
+            "poll_interval": options["poll_interval"],
+            "burst": options["burst"],
+            "max_jobs": options["max_jobs"],
+        }
+        settings_dict = connections[using].settings_dict
+        where = f"{settings_dict.get('NAME')}@{settings_dict.get('HOST') or 'local socket'}"
+        self.stdout.write(
+            f"dbqueue starting: queues={','.join(queues)} concurrency={worker_kwargs['concurrency']} "
+            f"processes={options['processes']} database={using} ({where})"
+            + (" burst" if options["burst"] else "")
+        )
+        out = lambda line: self.stdout.write(line)  # noqa: E731
+        if options["processes"] > 1:
+            from django_dbqueue.supervisor import Supervisor
+
+            code = Supervisor(options["processes"], worker_kwargs, out=out).run()
+        else:
+            from django_dbqueue.worker import Worker
+
+            worker = Worker(**worker_kwargs, out=out)
+            worker.install_signal_handlers()
+            code = worker.run()
+            self.stdout.write(
+                f"dbqueue stopped: {worker.acks.succeeded} succeeded, {worker.acks.failed} retried, "
+                f"{worker.acks.dead} dead"
+            )
+        if code:
+            raise SystemExit(code)

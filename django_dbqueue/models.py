@@ -1,0 +1,158 @@
+"""The two tables: ``BackgroundJob`` (the queue) and ``JobDelivery`` (side-effect records).
+
+The state machine's invariants live here as CHECK constraints, so that no code path (ours, a
+migration, a person with psql) can leave a row the workers would misread. Indexes are partial:
+each one covers only the rows its query can match, so the claim and the sweeper cost the same
+with ten finished rows or ten million.
+"""
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from .states import FINISHED_STATES, MAX_PRIORITY, MIN_PRIORITY, DeliveryState, JobState
+
+__all__ = ["BackgroundJob", "DeliveryState", "JobDelivery", "JobState"]
+
+
+class BackgroundJob(models.Model):
+    """One unit of background work. Rows are written by ``enqueue`` and ``store`` only."""
+
+    id = models.BigAutoField(primary_key=True)
+    type = models.CharField(max_length=200, help_text="Registered job type name.")
+    queue = models.CharField(max_length=100, default="default")
+    payload = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    priority = models.SmallIntegerField(default=0, help_text="Higher runs first (-100..100).")
+    run_after = models.DateTimeField(db_default=Now(), help_text="Not claimed before this time.")
+    attempts = models.PositiveIntegerField(default=0, help_text="Claims so far.")
+    max_attempts = models.PositiveIntegerField(default=10)
+    lease_seconds = models.FloatField(default=60.0)
+    leased_until = models.DateTimeField(null=True, blank=True)
+    worker_id = models.CharField(max_length=200, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=300, null=True, blank=True)
+    errors = models.JSONField(default=list, blank=True, help_text="One entry per failed attempt.")
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "dbqueue_job"
+        verbose_name = "background job"
+        ordering = ["-id"]
+        permissions = [
+            ("requeue_backgroundjob", "Can requeue dead or cancelled jobs"),
+            ("run_now_backgroundjob", "Can make a scheduled job due now"),
+            ("cancel_backgroundjob", "Can cancel pending jobs"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=JobState.values), name="dbqueue_job_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state=JobState.RUNNING, leased_until__isnull=False)
+                    | (~Q(state=JobState.RUNNING) & Q(leased_until__isnull=True))
+                ),
+                name="dbqueue_job_running_iff_leased",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state__in=FINISHED_STATES, finished_at__isnull=False)
+                    | (~Q(state__in=FINISHED_STATES) & Q(finished_at__isnull=True))
+                ),
+                name="dbqueue_job_finished_iff_final",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
+                name="dbqueue_job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1) & Q(attempts__lte=models.F("max_attempts")),
+                name="dbqueue_job_attempts_bounded",
+            ),
+            models.CheckConstraint(
+                condition=Q(lease_seconds__gt=0), name="dbqueue_job_lease_positive"
+            ),
+            # At most one job per idempotency key, whatever its state.
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="dbqueue_job_idempotency_key_uniq",
+            ),
+        ]
+        indexes = [
+            # The claim: per queue, in claim order, pending rows only.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="dbqueue_job_claim_idx",
+                condition=Q(state=JobState.PENDING),
+            ),
+            # The sweeper: running rows by lease expiry.
+            models.Index(
+                fields=["leased_until"],
+                name="dbqueue_job_lease_idx",
+                condition=Q(state=JobState.RUNNING),
+            ),
+            # Retention and the dead-letter views: finished rows by age.
+            models.Index(
+                fields=["state", "finished_at"],
+                name="dbqueue_job_finished_idx",
+                condition=Q(state__in=FINISHED_STATES),
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.type} #{self.pk} ({self.state})"
+
+
+class JobDelivery(models.Model):
+    """A record that an external side effect (payment, SMS, e-mail) was attempted under a key.
+
+    The unique ``key`` lets the database refuse a second attempt at the same effect.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    key = models.CharField(max_length=300, unique=True)
+    state = models.CharField(
+        max_length=16, choices=DeliveryState.choices, default=DeliveryState.RECORDED
+    )
+    job = models.ForeignKey(
+        BackgroundJob,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="deliveries",
+        db_constraint=False,
+        help_text="The job that recorded it (kept as an id after the job is pruned).",
+    )
+    attempt = models.PositiveIntegerField(default=0)
+    provider_reference = models.CharField(max_length=300, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "dbqueue_delivery"
+        verbose_name = "job delivery"
+        verbose_name_plural = "job deliveries"
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=DeliveryState.values), name="dbqueue_delivery_state_valid"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="dbqueue_delivery_unconf_idx",
+                condition=Q(state=DeliveryState.RECORDED),
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.key} ({self.state})"

@@ -1,0 +1,209 @@
+"""``@job``: the table from type name to handler, the only thing that decides which code a row runs.
+
+A row names a *type*; a worker looks the type up here. Nothing stored in a row is ever imported or
+called by path, so a row (or whoever can write one) cannot make a worker run arbitrary code.
+"""
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from .backoff import Backoff
+from .exceptions import JobRegistrationError
+from .states import MAX_PRIORITY, MIN_PRIORITY
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class JobType:
+    """A registered handler and its options. ``None`` options fall back to the settings."""
+
+    name: str
+    func: Any
+    queue: str | None = None
+    max_attempts: int | None = None
+    lease: float | None = None
+    backoff: Any = None
+    timeout: float | None = None
+    priority: int = 0
+    atomic: bool = False
+    is_async: bool = False
+
+    @property
+    def location(self):
+        return _location(self.func)
+
+    # Resolution against the settings, done per use so override_settings works in tests.
+    def get_queue(self, conf):
+        return self.queue or conf.DEFAULT_QUEUE
+
+    def get_max_attempts(self, conf):
+        return self.max_attempts or conf.MAX_ATTEMPTS
+
+    def get_lease(self, conf):
+        return float(self.lease or conf.LEASE)
+
+    def retry_delay(self, attempt, conf):
+        schedule = self.backoff or Backoff(
+            base=conf.BACKOFF_BASE, factor=conf.BACKOFF_FACTOR, cap=conf.BACKOFF_CAP
+        )
+        return max(0.0, float(schedule(attempt)))
+
+
+_registry: dict[str, JobType] = {}
+
+
+def retry_delay(job_type, attempt, conf):
+    """Seconds before retrying after failed ``attempt``: the type's schedule, else the settings'."""
+    if job_type is not None:
+        return job_type.retry_delay(attempt, conf)
+    return Backoff(base=conf.BACKOFF_BASE, factor=conf.BACKOFF_FACTOR, cap=conf.BACKOFF_CAP)(
+        attempt
+    )
+
+
+def _location(func):
+    func = inspect.unwrap(func)
+    try:
+        filename = inspect.getsourcefile(func) or "?"
+        line = inspect.getsourcelines(func)[1]
+    except (OSError, TypeError):
+        filename, line = getattr(func, "__module__", "?"), "?"
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)} ({filename}:{line})"
+
+
+def _check_signature(name, func):
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        raise JobRegistrationError(f"@job({name!r}): cannot inspect {func!r}: {exc}") from exc
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required_positional = [p for p in positional if p.default is p.empty]
+    required_kwonly = [p for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    has_varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    ok = (
+        not required_kwonly
+        and len(required_positional) <= 1
+        and (len(positional) >= 1 or has_varargs)
+    )
+    if not ok:
+        raise JobRegistrationError(
+            f"@job({name!r}) handler {_location(func)} has signature {name_sig(func, sig)}; "
+            "a handler takes exactly one positional argument, the job context: def handler(ctx)."
+        )
+
+
+def name_sig(func, sig):
+    return f"{getattr(func, '__name__', func)}{sig}"
+
+
+def _validate_options(name, queue, max_attempts, lease, backoff, timeout, priority):
+    where = f"@job({name!r})"
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise JobRegistrationError(
+            f"@job type name must be a non-empty string of at most 200 characters, got {name!r}"
+        )
+    if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 100):
+        raise JobRegistrationError(f"{where}: queue must be a non-empty string, got {queue!r}")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise JobRegistrationError(
+            f"{where}: max_attempts must be an integer >= 1, got {max_attempts!r}"
+        )
+    for label, value in (("lease", lease), ("timeout", timeout)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            raise JobRegistrationError(
+                f"{where}: {label} must be a positive number of seconds, got {value!r}"
+            )
+    if backoff is not None and not callable(backoff):
+        raise JobRegistrationError(
+            f"{where}: backoff must be callable (attempt -> seconds), e.g. Backoff(base=5), got {backoff!r}"
+        )
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not (MIN_PRIORITY <= priority <= MAX_PRIORITY)
+    ):
+        raise JobRegistrationError(
+            f"{where}: priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}"
+        )
+
+
+def job(
+    name,
+    *,
+    queue=None,
+    max_attempts=None,
+    lease=None,
+    backoff=None,
+    timeout=None,
+    priority=0,
+    atomic=False,
+):
+    """Register the decorated function as the handler of job type ``name``.
+
+    ``queue``: where ``enqueue`` puts it by default (``DBQUEUE["DEFAULT_QUEUE"]``).
+    ``max_attempts``: claims before it is dead (``MAX_ATTEMPTS``). ``lease``: seconds a claim holds
+    it without a heartbeat (``LEASE``). ``backoff``: ``attempt -> seconds`` retry schedule, such as
+    ``Backoff(base=5, cap=600)``. ``timeout``: seconds after which the worker gives the run up and
+    retries it. ``priority``: default priority, -100..100, higher first. ``atomic``: run the
+    handler and the job's completion in one transaction.
+
+    The handler takes one argument, the :class:`~django_dbqueue.JobContext`. ``async def``
+    handlers are supported.
+    """
+    _validate_options(name, queue, max_attempts, lease, backoff, timeout, priority)
+
+    def decorator(func):
+        _check_signature(name, func)
+        register(
+            JobType(
+                name=name,
+                func=func,
+                queue=queue,
+                max_attempts=max_attempts,
+                lease=None if lease is None else float(lease),
+                backoff=backoff,
+                timeout=None if timeout is None else float(timeout),
+                priority=priority,
+                atomic=bool(atomic),
+                is_async=inspect.iscoroutinefunction(inspect.unwrap(func)),
+            )
+        )
+        return func
+
+    return decorator
+
+
+def register(job_type):
+    existing = _registry.get(job_type.name)
+    if existing is not None and existing.func is not job_type.func:
+        if existing.location == job_type.location:
+            # The same function registered again (a module imported twice, e.g. by autoreload).
+            _registry[job_type.name] = job_type
+            return job_type
+        raise JobRegistrationError(
+            f"job type {job_type.name!r} is registered twice: by {existing.location} "
+            f"and by {job_type.location}. Type names must be unique; rename one of them."
+        )
+    _registry[job_type.name] = job_type
+    return job_type
+
+
+def unregister(name):
+    """Remove a type (tests, or a project that replaces a third-party handler)."""
+    return _registry.pop(name, None)
+
+
+def get(name):
+    """The ``JobType`` for ``name``, or ``None``."""
+    return _registry.get(name)
+
+
+def all_types():
+    return dict(_registry)

@@ -1,0 +1,181 @@
+"""Every raw SQL statement django-dbqueue runs, each named after what it does.
+
+Values are always bound parameters (``%(name)s``); nothing here is built from strings at run time.
+Statements that touch many rows take arrays and ``unnest`` them, so a batch is one round trip.
+Time is always the database's ``now()``, never a worker's clock.
+"""
+
+# Enqueue: one round trip. ON CONFLICT makes the idempotency key's "at most one job" hold under a
+# race (the second inserter waits for the first to commit, then inserts nothing). pg_notify runs
+# only for a row really inserted and is delivered at commit; PostgreSQL folds identical
+# notifications within a transaction into one, so a transaction that enqueues many jobs on one
+# queue wakes the workers once.
+INSERT_JOB = """
+WITH inserted AS (
+    INSERT INTO dbqueue_job (
+        type, queue, payload, state, priority, run_after, attempts, max_attempts,
+        lease_seconds, idempotency_key, errors, created_at
+    )
+    VALUES (
+        %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s,
+        COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second'),
+        0, %(max_attempts)s, %(lease)s, %(key)s, '[]'::jsonb, now()
+    )
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue
+)
+SELECT id, pg_notify(%(channel)s, queue)::text FROM inserted
+"""
+
+# The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs.
+INSERT_JOBS = """
+WITH inserted AS (
+    INSERT INTO dbqueue_job (
+        type, queue, payload, state, priority, run_after, attempts, max_attempts,
+        lease_seconds, idempotency_key, errors, created_at
+    )
+    SELECT u.type, u.queue, u.payload::jsonb, 'pending', u.priority,
+           COALESCE(u.run_after, now() + u.delay * interval '1 second'),
+           0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now()
+    FROM unnest(
+        %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
+        %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
+        %(leases)s::float8[], %(keys)s::text[]
+    ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts,
+                           lease, key, ord)
+    ORDER BY u.ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, idempotency_key
+)
+SELECT id, idempotency_key, pg_notify(%(channel)s, queue)::text FROM inserted
+"""
+
+# Which jobs already hold these idempotency keys (the ones ON CONFLICT skipped).
+SELECT_IDS_BY_KEYS = """
+SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s::text[])
+"""
+
+# The claim: one statement for up to %(limit)s jobs across the worker's queues.
+# - One LATERAL index scan per queue, each in claim order, so every scan stops after its LIMIT
+#   instead of sorting the whole backlog (a plain ``queue = ANY(...)`` cannot use the index
+#   order across several queues). The per-queue limit is how a queue's concurrency is capped.
+# - SKIP LOCKED: rows another worker is claiming right now are passed over, never waited on.
+#   FOR UPDATE re-checks ``state = 'pending'`` on the newest row version, so a row that was
+#   claimed and committed meanwhile is skipped too.
+# - MATERIALIZED pins the plan: the candidates are computed once, then updated by id; the
+#   planner cannot turn the LIMIT subquery into a join it re-evaluates.
+# - The lease comes from the row (set at enqueue from the job type), in database time.
+CLAIM_JOBS = """
+WITH candidates AS MATERIALIZED (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[], %(limits)s::int[]) AS q(name, lim)
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_after
+        FROM dbqueue_job AS j
+        WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+        ORDER BY j.priority DESC, j.run_after, j.id
+        LIMIT q.lim
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    ORDER BY c.priority DESC, c.run_after, c.id
+    LIMIT %(limit)s
+)
+UPDATE dbqueue_job AS j
+SET state = 'running',
+    attempts = j.attempts + 1,
+    worker_id = %(worker)s,
+    started_at = now(),
+    leased_until = now() + j.lease_seconds * interval '1 second'
+FROM candidates
+WHERE j.id = candidates.id
+RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.lease_seconds,
+          j.idempotency_key, j.priority, j.created_at
+"""
+
+# Batched acknowledgement of successes. Fenced by (id, attempt) and state: a worker whose lease
+# expired and whose job was claimed again matches nothing here, so it cannot overwrite the new
+# holder's state. The ids it did not match come back missing from RETURNING.
+COMPLETE_JOBS = """
+UPDATE dbqueue_job AS j
+SET state = 'done', finished_at = now(), leased_until = NULL, result = c.result::jsonb
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[]) AS c(id, attempt, result)
+WHERE j.id = c.id AND j.attempts = c.attempt AND j.state = 'running'
+RETURNING j.id
+"""
+
+# One failure: back to pending after a delay, or dead when the attempts are spent or the handler
+# asked for no retry. Fenced like COMPLETE_JOBS. The error entry gets its time from the database.
+FAIL_JOB = """
+UPDATE dbqueue_job
+SET state = CASE WHEN %(dead)s OR attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN %(dead)s OR attempts >= max_attempts THEN now() END,
+    run_after = CASE WHEN %(dead)s OR attempts >= max_attempts THEN run_after
+                     ELSE now() + %(delay)s * interval '1 second' END,
+    leased_until = NULL,
+    errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
+WHERE id = %(id)s AND attempts = %(attempt)s AND state = 'running'
+RETURNING state, run_after
+"""
+
+# Heartbeat: push the lease of every job this worker still runs forward by the job's lease.
+# Fenced; a job missing from RETURNING was taken back by the sweeper and belongs to someone else.
+EXTEND_LEASES = """
+UPDATE dbqueue_job AS j
+SET leased_until = now() + j.lease_seconds * interval '1 second'
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempt)
+WHERE j.id = h.id AND j.attempts = h.attempt AND j.state = 'running'
+RETURNING j.id
+"""
+
+# Graceful shutdown: hand jobs that never finished back without spending the attempt the claim
+# took. Fenced like the rest.
+RELEASE_JOBS = """
+UPDATE dbqueue_job AS j
+SET state = 'pending', attempts = j.attempts - 1, leased_until = NULL, worker_id = NULL
+FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r(id, attempt)
+WHERE j.id = r.id AND j.attempts = r.attempt AND j.state = 'running'
+RETURNING j.id
+"""
+
+# The sweeper: jobs whose lease ran out (their worker died or hung) go back to pending, after the
+# default backoff with full jitter, or to dead when their attempts are spent. The attempt that
+# expired counts and is recorded as an error. (The exponent is clamped so power() cannot overflow.) Bounded, and SKIP LOCKED so several workers sweeping
+# at once split the work instead of queueing behind each other.
+RESCUE_EXPIRED = """
+WITH expired AS MATERIALIZED (
+    SELECT id FROM dbqueue_job
+    WHERE state = 'running' AND leased_until < now()
+    ORDER BY leased_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE dbqueue_job AS j
+SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+    run_after = CASE WHEN j.attempts >= j.max_attempts THEN j.run_after
+                     ELSE now() + random() * LEAST(%(cap)s, %(base)s * power(%(factor)s,
+                                                   LEAST(GREATEST(j.attempts - 1, 0), 50)))
+                                  * interval '1 second' END,
+    leased_until = NULL,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempts,
+        'class', 'LeaseExpired',
+        'message', 'lease expired at ' || j.leased_until::text || ' while held by worker '
+                   || COALESCE(j.worker_id, '?') || '; the worker died, hung or lost the database',
+        'traceback', '',
+        'worker', j.worker_id,
+        'at', now()))
+FROM expired
+WHERE j.id = expired.id
+RETURNING j.id, j.type, j.attempts, j.state, j.worker_id
+"""
+
+# The worker's status line: due backlog of its queues, counted up to a bound so that a huge
+# backlog costs no more than the bound.
+COUNT_DUE = """
+SELECT count(*) FROM (
+    SELECT 1 FROM dbqueue_job
+    WHERE state = 'pending' AND queue = ANY(%(queues)s::text[]) AND run_after <= now()
+    LIMIT %(bound)s
+) AS due
+"""

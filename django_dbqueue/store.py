@@ -1,0 +1,127 @@
+"""Thin functions that run the statements of ``sql.py``: the only writers of job state.
+
+Each takes the database alias and plain values and returns plain values; none builds an ORM
+instance. They run on the calling thread's Django connection, so inside ``transaction.atomic``
+they take part in the caller's transaction.
+"""
+
+import json
+import logging
+from dataclasses import dataclass
+
+from django.db import connections
+
+from . import sql
+
+logger = logging.getLogger("django_dbqueue")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    id: int
+    type: str
+    queue: str
+    payload_json: str
+    attempt: int
+    max_attempts: int
+    lease_seconds: float
+    idempotency_key: str | None
+    priority: int
+    created_at: object
+
+
+def _execute(using, statement, params):
+    with connections[using].cursor() as cursor:
+        cursor.execute(statement, params)
+        return cursor.fetchall()
+
+
+def insert_job(using, *, channel, **values):
+    """Insert one job; returns its id, or ``None`` when its idempotency key already exists."""
+    rows = _execute(using, sql.INSERT_JOB, {"channel": channel, **values})
+    return rows[0][0] if rows else None
+
+
+def insert_jobs(using, *, channel, columns):
+    """Insert many jobs in one statement; returns ``{index_or_key: id}`` of the rows inserted."""
+    return _execute(using, sql.INSERT_JOBS, {"channel": channel, **columns})
+
+
+def ids_by_keys(using, keys):
+    return dict(_execute(using, sql.SELECT_IDS_BY_KEYS, {"keys": list(keys)}))
+
+
+def claim(using, *, worker_id, queues, limits, limit):
+    """Claim up to ``limit`` due jobs from ``queues`` (``limits``: the cap of each queue)."""
+    rows = _execute(
+        using,
+        sql.CLAIM_JOBS,
+        {"worker": worker_id, "queues": list(queues), "limits": list(limits), "limit": limit},
+    )
+    return [ClaimedRow(*row) for row in rows]
+
+
+def complete(using, acks):
+    """Mark ``[(id, attempt, result_json_or_None), ...]`` done; returns the set of ids that matched.
+
+    An id missing from the result was fenced out: its lease was lost and the job claimed again.
+    """
+    if not acks:
+        return set()
+    ids, attempts, results = zip(*acks, strict=True)
+    rows = _execute(
+        using,
+        sql.COMPLETE_JOBS,
+        {"ids": list(ids), "attempts": list(attempts), "results": list(results)},
+    )
+    return {row[0] for row in rows}
+
+
+def fail(using, *, job_id, attempt, error, delay, dead=False):
+    """Record a failed attempt: retry after ``delay`` seconds, or dead (spent or ``dead=True``).
+
+    Returns the new state, or ``None`` when the write was fenced out.
+    """
+    rows = _execute(
+        using,
+        sql.FAIL_JOB,
+        {
+            "id": job_id,
+            "attempt": attempt,
+            "error": json.dumps(error),
+            "delay": float(delay),
+            "dead": bool(dead),
+        },
+    )
+    return rows[0][0] if rows else None
+
+
+def extend_leases(using, held):
+    """Heartbeat ``[(id, attempt), ...]``; returns the ids whose lease this worker still holds."""
+    if not held:
+        return set()
+    ids, attempts = zip(*held, strict=True)
+    rows = _execute(using, sql.EXTEND_LEASES, {"ids": list(ids), "attempts": list(attempts)})
+    return {row[0] for row in rows}
+
+
+def release(using, held):
+    """Return ``[(id, attempt), ...]`` to pending without spending the attempt."""
+    if not held:
+        return set()
+    ids, attempts = zip(*held, strict=True)
+    rows = _execute(using, sql.RELEASE_JOBS, {"ids": list(ids), "attempts": list(attempts)})
+    return {row[0] for row in rows}
+
+
+def rescue_expired(using, *, limit, base, factor, cap):
+    """Take back up to ``limit`` expired leases; returns ``[(id, type, attempts, state, worker)]``."""
+    return _execute(
+        using,
+        sql.RESCUE_EXPIRED,
+        {"limit": limit, "base": float(base), "factor": float(factor), "cap": float(cap)},
+    )
+
+
+def count_due(using, queues, bound=10000):
+    return _execute(using, sql.COUNT_DUE, {"queues": list(queues), "bound": bound})[0][0]

@@ -1,0 +1,98 @@
+"""``run_jobqueue --processes P``: a parent that keeps P worker processes running.
+
+The parent runs no jobs and opens no database connection. It forks the children (each builds its
+own ``Worker`` with its own connections), restarts a child that dies (with a growing delay when
+children keep dying at once), and forwards SIGTERM/SIGINT so each child shuts down gracefully.
+It exits 0 once every child has exited after a signal; a second signal is forwarded too, which
+makes the children exit at once.
+"""
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+
+from django.db import connections
+
+logger = logging.getLogger("django_dbqueue")
+
+
+def _child(worker_kwargs):
+    # A forked child must not share the parent's sockets: drop inherited connection state.
+    for connection in connections.all(initialized_only=True):
+        connection.connection = None
+    from .worker import Worker
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    worker = Worker(**worker_kwargs)
+    worker.install_signal_handlers()
+    raise SystemExit(worker.run())
+
+
+class Supervisor:
+    def __init__(self, processes, worker_kwargs, out=print):
+        self.processes = processes
+        self.worker_kwargs = worker_kwargs
+        self.out = out
+        self.children = {}
+        self.stopping = False
+        self.signals = 0
+        self.restarts = 0
+        self.context = multiprocessing.get_context("fork")
+
+    def _spawn(self, slot):
+        process = self.context.Process(
+            target=_child, args=(self.worker_kwargs,), name=f"dbqueue-worker-{slot}"
+        )
+        process.start()
+        self.children[slot] = process
+        self.out(f"dbqueue supervisor: started worker {slot} (pid {process.pid})")
+
+    def _forward(self, signum, frame):
+        self.signals += 1
+        self.stopping = True
+        for process in self.children.values():
+            if process.is_alive():
+                try:
+                    os.kill(process.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def run(self):
+        connections.close_all()
+        signal.signal(signal.SIGTERM, self._forward)
+        signal.signal(signal.SIGINT, self._forward)
+        for slot in range(self.processes):
+            self._spawn(slot)
+        recent_deaths = []
+        while True:
+            alive = False
+            for slot, process in list(self.children.items()):
+                process.join(timeout=0.2 / max(1, len(self.children)))
+                if process.is_alive():
+                    alive = True
+                    continue
+                if self.stopping:
+                    continue
+                now = time.monotonic()
+                recent_deaths = [t for t in recent_deaths if now - t < 60] + [now]
+                delay = (
+                    min(30.0, 0.5 * 2 ** (len(recent_deaths) - 1)) if len(recent_deaths) > 1 else 0
+                )
+                self.out(
+                    f"dbqueue supervisor: worker {slot} (pid {process.pid}) exited with code "
+                    f"{process.exitcode}; restarting{f' in {delay:g}s' if delay else ''}"
+                )
+                deadline = time.monotonic() + delay
+                while not self.stopping and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if not self.stopping:
+                    self.restarts += 1
+                    self._spawn(slot)
+                    alive = True
+            if self.stopping and not alive:
+                break
+        self.out("dbqueue supervisor: all workers stopped")
+        return 0

@@ -1,0 +1,58 @@
+"""The sweeper: takes back jobs whose lease expired. Runs inside every worker.
+
+Each pass is bounded (``SWEEP_BATCH`` rows per statement, a few statements at most) and uses
+SKIP LOCKED, so any number of workers can sweep at once: they split the expired rows between them
+and never wait on each other. ``run_once()`` returns counts; the worker calls it every
+``SWEEP_INTERVAL`` seconds.
+"""
+
+import logging
+
+from . import store
+from .conf import get_settings
+
+logger = logging.getLogger("django_dbqueue")
+
+
+class Sweeper:
+    MAX_ROUNDS = 10  # statements per pass; what is left waits for the next pass
+
+    def __init__(self, using=None, *, conf=None):
+        self.conf = conf or get_settings()
+        self.using = using or self.conf.DATABASE
+
+    def run_once(self):
+        """One pass. Returns ``{"rescued": n, "dead": n}``."""
+        conf = self.conf
+        counts = {"rescued": 0, "dead": 0}
+        for _ in range(self.MAX_ROUNDS):
+            rows = store.rescue_expired(
+                self.using,
+                limit=conf.SWEEP_BATCH,
+                base=conf.BACKOFF_BASE,
+                factor=conf.BACKOFF_FACTOR,
+                cap=conf.BACKOFF_CAP,
+            )
+            for job_id, job_type, attempts, state, worker in rows:
+                if state == "dead":
+                    counts["dead"] += 1
+                    logger.error(
+                        "dbqueue swept job=%s type=%s attempt=%s to dead: lease expired (worker %s)",
+                        job_id,
+                        job_type,
+                        attempts,
+                        worker,
+                    )
+                else:
+                    counts["rescued"] += 1
+                    logger.warning(
+                        "dbqueue swept job=%s type=%s attempt=%s back to pending: lease expired "
+                        "(worker %s)",
+                        job_id,
+                        job_type,
+                        attempts,
+                        worker,
+                    )
+            if len(rows) < conf.SWEEP_BATCH:
+                break
+        return counts

@@ -1,0 +1,529 @@
+"""The worker: claim loop, handler threads, heartbeats and graceful shutdown. No SQL text here.
+
+One ``Worker`` is one process's worth of work: a claim loop on the calling thread, ``concurrency``
+handler threads (each with its own database connection), an acknowledgement thread that writes
+outcomes back in batches, a heartbeat thread that extends leases, and a listener thread that
+turns NOTIFY into an immediate claim. ``run_once()`` does one claim; ``run()`` loops until
+stopped, SIGTERM, ``burst`` drained or ``max_jobs`` reached.
+"""
+
+import asyncio
+import json
+import logging
+import os
+import queue as queue_module
+import secrets
+import signal
+import socket
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from django.db import connections, transaction
+
+from . import registry, store
+from .acks import Acknowledger
+from .conf import get_settings
+from .context import JobContext
+from .dbretry import DB_ERRORS, reset_connection
+from .exceptions import DiscardJob, RetryJob
+from .notifications import Listener
+from .sweeper import Sweeper
+
+logger = logging.getLogger("django_dbqueue")
+
+
+def make_worker_id():
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def error_record(exc, *, attempt, worker_id, message=None):
+    """The entry kept in the job's ``errors`` list for one failed attempt."""
+    return {
+        "attempt": attempt,
+        "class": f"{type(exc).__module__}.{type(exc).__qualname__}"
+        if type(exc).__module__ != "builtins"
+        else type(exc).__qualname__,
+        "message": message if message is not None else str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "worker": worker_id,
+    }
+
+
+class _FencedOut(Exception):  # noqa: N818 - internal control flow
+    """An atomic handler's completion matched no row: roll its writes back."""
+
+
+@dataclass(eq=False)
+class _Inflight:
+    ctx: JobContext
+    timeout: float | None
+    started: float | None = None
+    timed_out: bool = False
+    lost: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Worker:
+    """Runs jobs from ``queues`` (default: every queue in ``DBQUEUE["QUEUES"]``)."""
+
+    def __init__(
+        self,
+        *,
+        queues=None,
+        concurrency=None,
+        poll_interval=None,
+        burst=False,
+        max_jobs=None,
+        using=None,
+        worker_id=None,
+        listen=None,
+        out=None,
+    ):
+        conf = get_settings()
+        self.conf = conf
+        self.using = using or conf.DATABASE
+        self.queues = list(queues or conf.QUEUES)
+        self.concurrency = concurrency or conf.CONCURRENCY
+        self.prefetch = conf.prefetch
+        self.poll_interval = conf.POLL_INTERVAL if poll_interval is None else poll_interval
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.listen = conf.LISTEN if listen is None else listen
+        self.worker_id = worker_id or make_worker_id()
+        self.out = out or logger.info
+        self.queue_caps = [
+            (conf.QUEUES.get(name) or {}).get("concurrency") or self.concurrency + self.prefetch
+            for name in self.queues
+        ]
+        self.stopping = threading.Event()  # no more claims
+        self.stopped = threading.Event()  # threads may exit
+        self._wakeup = threading.Event()
+        self._want_capacity = False
+        self._lock = threading.Lock()
+        self._inflight: dict[int, _Inflight] = {}
+        self._work: queue_module.SimpleQueue = queue_module.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._signals = 0
+        self.claimed_total = 0
+        self._min_batch = max(1, (self.concurrency + self.prefetch) // 2)
+        self.sweeper = Sweeper(self.using, conf=conf)
+        self.acks = Acknowledger(
+            self.using,
+            interval=conf.ACK_INTERVAL,
+            batch=conf.ACK_BATCH,
+            worker_id=self.worker_id,
+            stop_event=self.stopped,
+        )
+        self.listener = None
+
+    # ---------------------------------------------------------------------------------------
+    # The claim
+    # ---------------------------------------------------------------------------------------
+    def free_slots(self):
+        with self._lock:
+            return self.concurrency + self.prefetch - len(self._inflight)
+
+    def run_once(self):
+        """Claim what fits into the free slots and hand it to the handler threads.
+
+        Returns ``(claimed, asked)``.
+        """
+        asked = self.free_slots()
+        if self.max_jobs is not None:
+            asked = min(asked, self.max_jobs - self.claimed_total)
+        if asked <= 0:
+            return 0, 0
+        with self._lock:
+            running = {}
+            for entry in self._inflight.values():
+                running[entry.ctx.queue] = running.get(entry.ctx.queue, 0) + 1
+        limits = [
+            max(0, min(asked, cap - running.get(name, 0)))
+            for name, cap in zip(self.queues, self.queue_caps, strict=True)
+        ]
+        rows = store.claim(
+            self.using, worker_id=self.worker_id, queues=self.queues, limits=limits, limit=asked
+        )
+        self.claimed_total += len(rows)
+        for row in rows:
+            ctx = JobContext(row, worker_id=self.worker_id, using=self.using)
+            job_type = registry.get(ctx.type)
+            entry = _Inflight(ctx, job_type.timeout if job_type else None)
+            with self._lock:
+                self._inflight[ctx.id] = entry
+            self._work.put(entry)
+        if rows and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
+        return len(rows), asked
+
+    # ---------------------------------------------------------------------------------------
+    # Handler threads
+    # ---------------------------------------------------------------------------------------
+    def _handler_thread(self):
+        loop = None
+        try:
+            while True:
+                entry = self._work.get()
+                if entry is None:
+                    return
+                if self.stopping.is_set() and entry.started is None:
+                    # Claimed but not started before shutdown: hand it back untouched.
+                    self._finish(entry, released=True)
+                    continue
+                if (
+                    registry.get(entry.ctx.type)
+                    and registry.get(entry.ctx.type).is_async
+                    and loop is None
+                ):
+                    loop = asyncio.new_event_loop()
+                self._run_job(entry, loop)
+        finally:
+            if loop is not None:
+                loop.close()
+            connections.close_all()
+
+    def _run_job(self, entry, loop):
+        ctx = entry.ctx
+        entry.started = time.monotonic()
+        job_type = registry.get(ctx.type)
+        try:
+            if job_type is None:
+                raise LookupError(
+                    f"no handler is registered for job type {ctx.type!r} on worker "
+                    f"{self.worker_id} (was its @job removed or renamed?)"
+                )
+            if job_type.atomic:
+                result = self._run_atomic(job_type, ctx, entry, loop)
+            else:
+                result = self._call(job_type, ctx, loop)
+        except _FencedOut:
+            logger.warning(
+                "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, "
+                "the lease was lost and the job belongs to another attempt",
+                ctx.id,
+                ctx.type,
+                ctx.attempt,
+            )
+        except RetryJob as exc:
+            self._failed(entry, exc, delay=exc.delay)
+        except DiscardJob as exc:
+            self._failed(entry, exc, delay=0, dead=True)
+        except Exception as exc:
+            self._failed(entry, exc, delay=registry.retry_delay(job_type, ctx.attempt, self.conf))
+        else:
+            if job_type.atomic:
+                self.acks.committed(ctx)  # its completion committed with its writes
+            elif not (entry.timed_out or entry.lost):
+                self.acks.succeed(ctx, result)
+        finally:
+            self._cleanup_connections()
+            self._finish(entry)
+
+    def _call(self, job_type, ctx, loop):
+        if job_type.is_async:
+            return loop.run_until_complete(job_type.func(ctx))
+        return job_type.func(ctx)
+
+    def _run_atomic(self, job_type, ctx, entry, loop):
+        with transaction.atomic(using=self.using):
+            result = self._call(job_type, ctx, loop)
+            if entry.timed_out or entry.lost:
+                raise _FencedOut
+            result_json = None if result is None else json.dumps(result)
+            if not store.complete(self.using, [(ctx.id, ctx.attempt, result_json)]):
+                raise _FencedOut
+        return result
+
+    def _failed(self, entry, exc, *, delay, dead=False):
+        if entry.timed_out or entry.lost:
+            return  # the timeout or the sweeper already recorded this attempt's end
+        record = error_record(exc, attempt=entry.ctx.attempt, worker_id=self.worker_id)
+        self.acks.fail(entry.ctx, record, delay=delay, dead=dead)
+
+    def _cleanup_connections(self):
+        # A handler that broke its connection must not pass the breakage to the next job.
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is not None and connection.errors_occurred:
+                if connection.is_usable():
+                    connection.errors_occurred = False
+                else:
+                    connection.close()
+            if connection.in_atomic_block:  # pragma: no cover - a handler leaked a transaction
+                logger.error(
+                    "dbqueue: a handler left a transaction open on %r; rolling back",
+                    connection.alias,
+                )
+                connection.close()
+
+    def _finish(self, entry, released=False):
+        with self._lock:
+            self._inflight.pop(entry.ctx.id, None)
+            free = self.concurrency + self.prefetch - len(self._inflight)
+            # Wake the claim loop when a real batch fits again (or when the worker went idle,
+            # which a burst run waits for); waking on every finish would claim one job at a time.
+            want = (self._want_capacity and free >= self._min_batch) or not self._inflight
+        if released:
+            self._release([entry])
+        entry.done.set()
+        if want:
+            self._wakeup.set()
+
+    # ---------------------------------------------------------------------------------------
+    # Heartbeat and timeouts
+    # ---------------------------------------------------------------------------------------
+    def _heartbeat_thread(self):
+        interval = self.conf.HEARTBEAT_INTERVAL
+        next_beat = time.monotonic() + interval
+        failures = 0
+        try:
+            while not self.stopped.wait(min(1.0, interval)):
+                self._check_timeouts()
+                if time.monotonic() < next_beat:
+                    continue
+                with self._lock:
+                    held = [e for e in self._inflight.values() if not (e.timed_out or e.lost)]
+                try:
+                    kept = store.extend_leases(
+                        self.using, [(e.ctx.id, e.ctx.attempt) for e in held]
+                    )
+                    failures = 0
+                except DB_ERRORS as exc:
+                    failures += 1
+                    reset_connection(self.using)
+                    logger.warning("dbqueue heartbeat failed (%s); retrying", exc)
+                    next_beat = time.monotonic() + min(interval, 0.5 * failures)
+                    continue
+                for entry in held:
+                    if entry.ctx.id not in kept:
+                        entry.lost = True
+                        logger.warning(
+                            "dbqueue lease lost job=%s type=%s attempt=%s: the sweeper took it "
+                            "back; this run's outcome will be discarded",
+                            entry.ctx.id,
+                            entry.ctx.type,
+                            entry.ctx.attempt,
+                        )
+                next_beat = time.monotonic() + interval
+        finally:
+            connections.close_all()
+
+    def _check_timeouts(self):
+        now = time.monotonic()
+        with self._lock:
+            expired = [
+                e
+                for e in self._inflight.values()
+                if e.timeout
+                and e.started is not None
+                and not e.timed_out
+                and now - e.started > e.timeout
+            ]
+            for entry in expired:
+                entry.timed_out = True
+        for entry in expired:
+            ctx = entry.ctx
+            exc = TimeoutError(
+                f"job ran longer than its timeout of {entry.timeout:g}s; given up and retried"
+            )
+            record = error_record(exc, attempt=ctx.attempt, worker_id=self.worker_id)
+            record["traceback"] = ""
+            delay = registry.retry_delay(registry.get(ctx.type), ctx.attempt, self.conf)
+            self.acks.fail(ctx, record, delay=delay)
+            logger.warning(
+                "dbqueue timeout job=%s type=%s attempt=%s after %gs",
+                ctx.id,
+                ctx.type,
+                ctx.attempt,
+                entry.timeout,
+            )
+
+    # ---------------------------------------------------------------------------------------
+    # Notifications
+    # ---------------------------------------------------------------------------------------
+    def _on_notify(self, queue_name):
+        if queue_name is None or queue_name in self.queues:
+            self._wakeup.set()
+
+    # ---------------------------------------------------------------------------------------
+    # The loop
+    # ---------------------------------------------------------------------------------------
+    def start(self):
+        """Start the helper threads (handlers, acks, heartbeat, listener)."""
+        for index in range(self.concurrency):
+            thread = threading.Thread(
+                target=self._handler_thread, name=f"dbqueue-handler-{index}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        self.acks.start()
+        heartbeat = threading.Thread(
+            target=self._heartbeat_thread, name="dbqueue-heartbeat", daemon=True
+        )
+        heartbeat.start()
+        self._heartbeat = heartbeat
+        if self.listen and not self.burst:
+            self.listener = Listener(
+                self.using, self.conf.NOTIFY_CHANNEL, self._on_notify, self.stopped
+            )
+            self.listener.start()
+
+    def install_signal_handlers(self):
+        def handle(signum, frame):
+            self._signals += 1
+            if self._signals > 1:
+                logger.warning("dbqueue worker %s: second signal, exiting at once", self.worker_id)
+                os._exit(1)
+            logger.warning(
+                "dbqueue worker %s: %s received, finishing running jobs (grace %gs)",
+                self.worker_id,
+                signal.Signals(signum).name,
+                self.conf.SHUTDOWN_GRACE,
+            )
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+
+    def stop(self):
+        """Ask the loop to stop claiming and shut down gracefully. Safe from any thread."""
+        self.stopping.set()
+        self._wakeup.set()
+
+    def run(self):
+        """Run until stopped; returns the process exit code (0 after a graceful stop)."""
+        self.start()
+        errors = 0
+        next_sweep = time.monotonic()
+        next_status = time.monotonic() + (self.conf.STATUS_INTERVAL or 0)
+        last_counts = (0, 0, 0)
+        try:
+            while not self.stopping.is_set():
+                now = time.monotonic()
+                try:
+                    if now >= next_sweep:
+                        self.sweeper.run_once()
+                        next_sweep = now + self.conf.SWEEP_INTERVAL
+                    if self.conf.STATUS_INTERVAL and now >= next_status:
+                        last_counts = self._status_line(last_counts)
+                        next_status = now + self.conf.STATUS_INTERVAL
+                    self._wakeup.clear()
+                    claimed, asked = self.run_once()
+                    errors = 0
+                except DB_ERRORS as exc:
+                    errors += 1
+                    reset_connection(self.using)
+                    delay = min(5.0, 0.1 * 2**errors)
+                    logger.warning(
+                        "dbqueue worker lost the database (%s); retrying in %.2fs", exc, delay
+                    )
+                    self.stopping.wait(delay)
+                    continue
+                if self.max_jobs is not None and self.claimed_total >= self.max_jobs:
+                    break
+                if (
+                    self.burst
+                    and claimed == 0
+                    and self.free_slots() == self.concurrency + self.prefetch
+                ):
+                    break
+                with self._lock:
+                    self._want_capacity = asked == 0 or claimed == asked
+                if asked and claimed == asked:
+                    continue  # there may be more: claim again at once
+                if asked == 0 or self._want_capacity:
+                    # Full: wait for enough capacity to make the next claim a real batch.
+                    self._wakeup.wait(0.5)
+                else:
+                    self._wakeup.wait(self.poll_interval)
+        finally:
+            self._shutdown()
+        return 0
+
+    def _status_line(self, last):
+        """Print one summary line when anything happened since the last one."""
+        counts = (self.acks.succeeded, self.acks.failed + self.acks.dead, self.claimed_total)
+        if counts == last:
+            return counts
+        elapsed = max(1e-6, self.conf.STATUS_INTERVAL)
+        depth = store.count_due(self.using, self.queues)
+        self.out(
+            f"dbqueue worker {self.worker_id}: {(counts[0] - last[0]) / elapsed:.1f} done/s, "
+            f"{(counts[1] - last[1]) / elapsed:.1f} failed/s, {depth if depth < 10000 else '10000+'} "
+            f"due in {','.join(self.queues)}, {len(self._inflight)} in flight"
+        )
+        return counts
+
+    def _release(self, entries):
+        held = [(e.ctx.id, e.ctx.attempt) for e in entries if not (e.timed_out or e.lost)]
+        for attempt in range(5):
+            try:
+                released = store.release(self.using, held)
+                for entry in entries:
+                    if entry.ctx.id in released:
+                        logger.info(
+                            "dbqueue released job=%s type=%s attempt=%s",
+                            entry.ctx.id,
+                            entry.ctx.type,
+                            entry.ctx.attempt,
+                        )
+                return released
+            except DB_ERRORS as exc:
+                reset_connection(self.using)
+                logger.warning("dbqueue could not release %d jobs (%s)", len(held), exc)
+                time.sleep(0.2 * (attempt + 1))
+        return set()
+
+    def _shutdown(self):
+        self.stopping.set()
+        grace = self.conf.SHUTDOWN_GRACE
+        # Jobs claimed but not started go back at once, in one statement.
+        queued = []
+        while True:
+            try:
+                entry = self._work.get_nowait()
+            except queue_module.Empty:
+                break
+            if entry is not None:
+                queued.append(entry)
+        if queued:
+            self._release(queued)
+            for entry in queued:
+                self._finish(entry)
+        # Jobs claimed but not started: the handler threads release them as they pick them up
+        # (stopping is set). Wait for running handlers up to the grace period.
+        deadline = time.monotonic() + grace
+        while True:
+            with self._lock:
+                remaining = list(self._inflight.values())
+            if not remaining or time.monotonic() >= deadline:
+                break
+            remaining[0].done.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        if remaining:
+            logger.warning(
+                "dbqueue worker %s: %d jobs still running after %gs grace; releasing them",
+                self.worker_id,
+                len(remaining),
+                grace,
+            )
+            for entry in remaining:
+                entry.lost = True  # their outcome, if they ever finish, is discarded
+            self._release(remaining)
+        for _ in self._threads:
+            self._work.put(None)
+        self.acks.close(timeout=max(5.0, grace))
+        self.stopped.set()
+        for thread in self._threads:
+            thread.join(0.5)
+        if self.listener is not None:
+            self.listener.join(1.0)
+        connections[self.using].close()
+        logger.info(
+            "dbqueue worker %s stopped: %d succeeded, %d retried, %d dead, %d fenced",
+            self.worker_id,
+            self.acks.succeeded,
+            self.acks.failed,
+            self.acks.dead,
+            self.acks.fenced,
+        )

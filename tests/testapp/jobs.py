@@ -1,0 +1,74 @@
+"""Job types the test suite runs. Behaviour is driven by the payload so tests stay explicit."""
+
+import os
+import time
+
+from django.db import connection
+
+from django_dbqueue import DiscardJob, RetryJob, job
+
+
+@job("noop")
+def noop(ctx):
+    return None
+
+
+@job("echo")
+def echo(ctx):
+    return ctx.payload
+
+
+@job("record", queue="default")
+def record(ctx):
+    """Insert a row into testapp_effect for every run: how tests count executions."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (job_id, attempt, worker, pid) VALUES (%s, %s, %s, %s)",
+            [ctx.id, ctx.attempt, ctx.worker_id, os.getpid()],
+        )
+    if ctx.payload.get("sleep"):
+        time.sleep(ctx.payload["sleep"])
+
+
+@job("fail", max_attempts=3)
+def fail(ctx):
+    raise ValueError(f"boom on attempt {ctx.attempt}")
+
+
+@job("fail-then-succeed", max_attempts=5)
+def fail_then_succeed(ctx):
+    if ctx.attempt < ctx.payload.get("succeed_on", 3):
+        raise RuntimeError(f"transient failure {ctx.attempt}")
+    return {"attempt": ctx.attempt}
+
+
+@job("retry-later")
+def retry_later(ctx):
+    if ctx.attempt == 1:
+        raise RetryJob(delay=ctx.payload.get("delay", 60), reason="provider said later")
+
+
+@job("discard")
+def discard(ctx):
+    raise DiscardJob("payload is unusable")
+
+
+@job("sleep", lease=30)
+def sleep(ctx):
+    """Sleep in small steps until the payload's seconds pass or a flag file appears."""
+    deadline = time.monotonic() + ctx.payload.get("seconds", 1)
+    flag = ctx.payload.get("until_file")
+    while time.monotonic() < deadline:
+        if flag and os.path.exists(flag):
+            break
+        time.sleep(0.01)
+
+
+@job("email", queue="emails")
+def email(ctx):
+    return "sent"
+
+
+@job("async-echo")
+async def async_echo(ctx):
+    return ctx.payload
