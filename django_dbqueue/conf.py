@@ -14,7 +14,7 @@ DEFAULTS = {
     "QUEUES": {"default": {}},  # name -> {"concurrency": int | None}
     "DEFAULT_QUEUE": "default",  # queue of a type that names none
     "CONCURRENCY": 10,  # handler threads per worker process
-    "PREFETCH": None,  # extra jobs claimed beyond free threads; None = CONCURRENCY
+    "PREFETCH": None,  # jobs claimed ahead of free threads; None = the concurrency
     "POLL_INTERVAL": 2.0,  # seconds between claims when no notification arrives
     "LEASE": 60.0,  # seconds a claim holds a job before the sweeper may take it back
     "HEARTBEAT_INTERVAL": 10.0,  # seconds between lease extensions of running jobs
@@ -47,10 +47,6 @@ class Settings:
             return self._values[name]
         except KeyError:
             raise AttributeError(name) from None
-
-    @property
-    def prefetch(self):
-        return self.CONCURRENCY if self.PREFETCH is None else self.PREFETCH
 
     def as_dict(self):
         return dict(self._values)

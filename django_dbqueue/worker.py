@@ -86,7 +86,7 @@ class Worker:
         self.using = using or conf.DATABASE
         self.queues = list(queues or conf.QUEUES)
         self.concurrency = concurrency or conf.CONCURRENCY
-        self.prefetch = conf.prefetch
+        self.prefetch = self.concurrency if conf.PREFETCH is None else conf.PREFETCH
         self.poll_interval = conf.POLL_INTERVAL if poll_interval is None else poll_interval
         self.burst = burst
         self.max_jobs = max_jobs
@@ -106,6 +106,7 @@ class Worker:
         self._work: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._signals = 0
+        self._releasing = False  # set on a stop: unstarted jobs go back instead of running
         self.claimed_total = 0
         self._min_batch = max(1, (self.concurrency + self.prefetch) // 2)
         self.sweeper = Sweeper(self.using, conf=conf)
@@ -168,7 +169,7 @@ class Worker:
                 entry = self._work.get()
                 if entry is None:
                     return
-                if self.stopping.is_set() and entry.started is None:
+                if self._releasing and entry.started is None:
                     # Claimed but not started before shutdown: hand it back untouched.
                     self._finish(entry, released=True)
                     continue
@@ -388,6 +389,7 @@ class Worker:
 
     def stop(self):
         """Ask the loop to stop claiming and shut down gracefully. Safe from any thread."""
+        self._releasing = True
         self.stopping.set()
         self._wakeup.set()
 
@@ -476,11 +478,20 @@ class Worker:
         return set()
 
     def _shutdown(self):
+        """Stop: after a signal, release unstarted jobs and give running ones the grace period;
+        after ``burst`` or ``max_jobs``, let everything claimed finish."""
+        if not self._releasing:
+            while True:
+                with self._lock:
+                    remaining = list(self._inflight.values())
+                if not remaining:
+                    break
+                remaining[0].done.wait(0.1)
         self.stopping.set()
         grace = self.conf.SHUTDOWN_GRACE
         # Jobs claimed but not started go back at once, in one statement.
         queued = []
-        while True:
+        while self._releasing:
             try:
                 entry = self._work.get_nowait()
             except queue_module.Empty:
@@ -507,9 +518,9 @@ class Worker:
                 len(remaining),
                 grace,
             )
+            self._release(remaining)
             for entry in remaining:
                 entry.lost = True  # their outcome, if they ever finish, is discarded
-            self._release(remaining)
         for _ in self._threads:
             self._work.put(None)
         self.acks.close(timeout=max(5.0, grace))

@@ -72,3 +72,25 @@ def email(ctx):
 @job("async-echo")
 async def async_echo(ctx):
     return ctx.payload
+
+
+@job("slow-record")
+def slow_record(ctx):
+    """Record an effect like "record", then wait until payload["until_file"] exists.
+
+    Gives up after payload["seconds"] (default 60). The acceptance tests kill a worker while it
+    waits here, so the effect row proves the run started. No per-type lease: a lease shorter than
+    the default HEARTBEAT_INTERVAL fails ``manage.py check`` (dbqueue.E004); tests shorten the
+    lease through settings instead.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (job_id, attempt, worker, pid) VALUES (%s, %s, %s, %s)",
+            [ctx.id, ctx.attempt, ctx.worker_id, os.getpid()],
+        )
+    deadline = time.monotonic() + ctx.payload.get("seconds", 60)
+    flag = ctx.payload.get("until_file")
+    while time.monotonic() < deadline:
+        if flag and os.path.exists(flag):
+            break
+        time.sleep(0.01)

@@ -1,4 +1,5 @@
 from django.db import models
+from django.db.models.functions import Now
 
 
 class Effect(models.Model):
@@ -8,8 +9,14 @@ class Effect(models.Model):
     attempt = models.IntegerField()
     worker = models.CharField(max_length=200)
     pid = models.IntegerField()
-    at = models.DateTimeField(auto_now_add=True)
+    at = models.DateTimeField(db_default=Now())
+
+    def __str__(self):
+        return f"job {self.job_id} attempt {self.attempt}"
 
 
 class Invoice(models.Model):
     number = models.CharField(max_length=50, unique=True)
+
+    def __str__(self):
+        return self.number

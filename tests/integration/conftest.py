@@ -1,0 +1,47 @@
+import threading
+
+import pytest
+
+from django_dbqueue.worker import Worker
+
+FAST = {
+    "QUEUES": {"default": {}, "emails": {}},
+    "POLL_INTERVAL": 0.05,
+    "HEARTBEAT_INTERVAL": 0.1,
+    "LEASE": 5.0,
+    "SWEEP_INTERVAL": 0.1,
+    "BACKOFF_BASE": 0.01,
+    "BACKOFF_CAP": 0.05,
+    "SHUTDOWN_GRACE": 2.0,
+    "STATUS_INTERVAL": 0,
+}
+
+
+@pytest.fixture
+def fast_settings(settings):
+    """Short intervals so in-process workers react within milliseconds."""
+    settings.DBQUEUE = dict(FAST)
+    return settings
+
+
+@pytest.fixture
+def start_worker(fast_settings):
+    """Start in-process workers on background threads; stops and joins them at teardown."""
+    started = []
+
+    def start(**kwargs):
+        worker = Worker(**kwargs)
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault("code", worker.run()), daemon=True)
+        thread.start()
+        worker.thread = thread
+        worker.result = result
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+    for worker in started:
+        worker.thread.join(15)
+        assert not worker.thread.is_alive(), "worker did not stop"

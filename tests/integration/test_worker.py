@@ -1,0 +1,245 @@
+"""The worker in-process: retries, dead letters, timeouts, heartbeats, wake-ups, shutdown.
+
+Workers run on background threads against the real database; tests wait on the database state
+with deadlines.
+"""
+
+import pytest
+from django.db import connection
+
+from django_dbqueue import enqueue, enqueue_many, signals
+from django_dbqueue.worker import Worker
+from tests.utils import job_row, scalar, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def state_of(job_id):
+    return job_row(job_id)["state"]
+
+
+def wait_state(job_id, state, timeout=10):
+    wait_until(lambda: state_of(job_id) == state, timeout=timeout, message=f"job {job_id} {state}")
+    return job_row(job_id)
+
+
+def test_runs_jobs_and_stores_results(start_worker):
+    start_worker()
+    echo = enqueue("echo", {"hello": ["world", 1]})
+    async_job = enqueue("async-echo", {"async": True})
+    assert wait_state(echo.id, "done")["result"] == {"hello": ["world", 1]}
+    assert wait_state(async_job.id, "done")["result"] == {"async": True}
+
+
+def test_retries_on_backoff_then_dead_with_every_error_kept(start_worker):
+    dead = []
+    signals.job_dead.connect(lambda sender, **kw: dead.append(kw), weak=False, dispatch_uid="t")
+    try:
+        start_worker()
+        job = enqueue("fail")  # max_attempts=3
+        row = wait_state(job.id, "dead")
+    finally:
+        signals.job_dead.disconnect(dispatch_uid="t")
+    assert row["attempts"] == 3
+    assert [e["attempt"] for e in row["errors"]] == [1, 2, 3]
+    for entry in row["errors"]:
+        assert entry["class"] == "ValueError"
+        assert entry["message"].startswith("boom on attempt")
+        assert "Traceback" in entry["traceback"] and "jobs.py" in entry["traceback"]
+        assert entry["at"] and entry["worker"]
+    assert dead and dead[0]["job_id"] == job.id and dead[0]["error"]["class"] == "ValueError"
+
+
+def test_transient_failure_then_success(start_worker):
+    start_worker()
+    job = enqueue("fail-then-succeed", {"succeed_on": 3})
+    row = wait_state(job.id, "done")
+    assert row["attempts"] == 3 and row["result"] == {"attempt": 3}
+    assert len(row["errors"]) == 2
+
+
+def test_retry_job_asks_for_its_own_delay(start_worker):
+    start_worker()
+    job = enqueue("retry-later", {"delay": 600})
+    row = wait_until(lambda: (r := job_row(job.id))["errors"] and r, message="first failure")
+    assert row["state"] == "pending"
+    failed_at = __import__("datetime").datetime.fromisoformat(row["errors"][0]["at"])
+    assert (row["run_after"] - failed_at).total_seconds() == pytest.approx(600, abs=2)
+    assert row["errors"][0]["message"] == "provider said later"
+
+
+def test_discard_goes_straight_to_dead(start_worker):
+    start_worker()
+    job = enqueue("discard")
+    row = wait_state(job.id, "dead")
+    assert row["attempts"] == 1 and row["errors"][0]["message"] == "payload is unusable"
+
+
+def test_a_type_with_no_handler_is_retried_then_dead_never_crashing(start_worker):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+               max_attempts, lease_seconds, errors, created_at)
+               VALUES ('os.system', 'default', '{}', 'pending', 0, now(), 0, 2, 60, '[]', now())
+               RETURNING id"""
+        )
+        ghost = cursor.fetchone()[0]
+    worker = start_worker()
+    row = wait_state(ghost, "dead")
+    assert row["errors"][0]["class"] == "LookupError"
+    assert "no handler is registered for job type 'os.system'" in row["errors"][0]["message"]
+    after = enqueue("noop")
+    wait_state(after.id, "done")  # the worker is still working
+    assert worker.thread.is_alive()
+
+
+def test_timeout_gives_the_run_up_and_retries(start_worker, settings):
+    from django_dbqueue import job, registry
+
+    @job("too-slow", timeout=0.2, max_attempts=2)
+    def too_slow(ctx):
+        import time
+
+        time.sleep(1.0)
+
+    try:
+        start_worker()
+        queued = enqueue("too-slow")
+        row = wait_state(queued.id, "dead", timeout=15)
+        assert [e["class"] for e in row["errors"]] == ["TimeoutError", "TimeoutError"]
+        assert "longer than its timeout of 0.2s" in row["errors"][0]["message"]
+    finally:
+        registry.unregister("too-slow")
+
+
+def test_heartbeat_keeps_a_long_job_alive_past_its_lease(start_worker, fast_settings):
+    from django_dbqueue import job, registry
+
+    @job("long", lease=0.5)
+    def long(ctx):
+        import time
+
+        time.sleep(1.5)
+
+    try:
+        start_worker()
+        queued = enqueue("long")
+        row = wait_state(queued.id, "done", timeout=10)
+        assert row["attempts"] == 1 and row["errors"] == []
+    finally:
+        registry.unregister("long")
+
+
+def test_notification_wakes_an_idle_worker(start_worker, fast_settings):
+    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "POLL_INTERVAL": 60}
+    worker = start_worker()
+    wait_until(lambda: worker.listener and worker.listener.connected.is_set(), message="LISTEN")
+    # Let the loop settle into its 60 s idle wait.
+    wait_until(lambda: worker.claimed_total == 0 and worker.free_slots() > 0)
+    job = enqueue("noop")
+    wait_state(job.id, "done", timeout=2)  # far sooner than the 60 s poll
+
+
+def test_poll_finds_jobs_whose_notification_was_missed(start_worker, fast_settings):
+    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "LISTEN": False, "POLL_INTERVAL": 0.2}
+    start_worker()
+    with connection.cursor() as cursor:  # no pg_notify: as if the notification was lost
+        cursor.execute(
+            """INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+               max_attempts, lease_seconds, errors, created_at)
+               VALUES ('noop', 'default', '{}', 'pending', 0, now(), 0, 3, 60, '[]', now())
+               RETURNING id"""
+        )
+        job_id = cursor.fetchone()[0]
+    wait_state(job_id, "done", timeout=3)
+
+
+def test_scheduled_job_runs_when_due(start_worker):
+    start_worker()
+    job = enqueue("noop", delay=0.5)
+    row = wait_state(job.id, "done", timeout=5)
+    assert row["started_at"] >= row["run_after"]
+
+
+def test_per_queue_workers_only_take_their_queues(start_worker):
+    start_worker(queues=["emails"])
+    mail = enqueue("email")
+    other = enqueue("noop")
+    wait_state(mail.id, "done")
+    assert state_of(other.id) == "pending"
+
+
+def test_burst_drains_due_jobs_and_returns(fast_settings):
+    jobs = enqueue_many([("record", {})] * 30)
+    later = enqueue("noop", delay=3600)
+    assert Worker(burst=True).run() == 0
+    assert all(state_of(j.id) == "done" for j in jobs)
+    assert state_of(later.id) == "pending"
+    assert scalar("SELECT count(*) FROM testapp_effect") == 30
+
+
+def test_max_jobs_stops_after_n(fast_settings):
+    enqueue_many([("noop", {})] * 12)
+    worker = Worker(max_jobs=5)
+    assert worker.run() == 0
+    assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'done'") == 5
+    assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'pending'") == 7
+
+
+def test_graceful_stop_releases_unfinished_jobs_without_spending_attempts(start_worker, fast_settings, tmp_path):
+    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "SHUTDOWN_GRACE": 0.3, "PREFETCH": 3}
+    worker = start_worker(concurrency=1)
+    stuck = enqueue("sleep", {"seconds": 30, "until_file": str(tmp_path / "never")})
+    wait_state(stuck.id, "running")
+    queued = enqueue_many([("noop", {})] * 3)  # prefetched behind the busy thread
+    wait_until(lambda: all(state_of(j.id) == "running" for j in queued), message="prefetch")
+    worker.stop()
+    worker.thread.join(10)
+    assert worker.result["code"] == 0
+    for job_id in [stuck.id, *(j.id for j in queued)]:
+        row = job_row(job_id)
+        assert (row["state"], row["attempts"], row["leased_until"]) == ("pending", 0, None)
+
+
+def test_graceful_stop_lets_short_jobs_finish(start_worker, tmp_path):
+    worker = start_worker()
+    flag = tmp_path / "go"
+    job = enqueue("sleep", {"seconds": 30, "until_file": str(flag)})
+    wait_state(job.id, "running")
+    worker.stop()
+    flag.touch()
+    worker.thread.join(10)
+    row = job_row(job.id)
+    assert (row["state"], row["attempts"]) == ("done", 1)
+
+
+def test_atomic_handler_commits_writes_with_completion(start_worker):
+    from django_dbqueue import job, registry
+    from tests.testapp.models import Invoice
+
+    @job("atomic-invoice", atomic=True)
+    def atomic_invoice(ctx):
+        Invoice.objects.create(number=ctx.payload["number"])
+        if ctx.payload.get("fail"):
+            raise RuntimeError("after the write")
+
+    try:
+        start_worker()
+        ok = enqueue("atomic-invoice", {"number": "I-1"})
+        bad = enqueue("atomic-invoice", {"number": "I-2", "fail": True}, max_attempts=1)
+        wait_state(ok.id, "done")
+        wait_state(bad.id, "dead")
+        assert list(Invoice.objects.values_list("number", flat=True)) == ["I-1"]
+    finally:
+        registry.unregister("atomic-invoice")
+
+
+def test_claim_loop_query_count_is_pinned(fast_settings):
+    from django.test.utils import CaptureQueriesContext
+
+    enqueue_many([("noop", {})] * 5)
+    worker = Worker(concurrency=2)
+    with CaptureQueriesContext(connection) as queries:
+        claimed, asked = worker.run_once()
+    assert (claimed, asked) == (4, 4)  # concurrency 2 + prefetch 2
+    assert len(queries) == 1

@@ -1,0 +1,94 @@
+"""Django settings for the django-dbqueue test suite.
+
+The database comes from ``DATABASE_URL`` (django-environ syntax; a Unix socket directory is
+written url-encoded as the host, e.g. ``postgres://postgres@%2Fvar%2Frun%2Fpostgresql/postgres``).
+``python3 dev.py test`` finds or starts a server and exports it.
+"""
+
+from __future__ import annotations
+
+import django
+import environ
+
+env = environ.Env()
+
+SECRET_KEY = "django-dbqueue-tests-not-a-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/postgres"),
+    # Only for the tests that prove a non-PostgreSQL database is refused; never queried.
+    "sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+}
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_dbqueue",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "tests.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+STATIC_URL = "static/"
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# Tests create users; the slow default hashers only cost time here.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {
+        "console": {"class": "logging.StreamHandler"},
+    },
+    "loggers": {
+        # Propagates too, so pytest's caplog still sees the records.
+        "django_dbqueue": {"handlers": ["console"], "level": "WARNING"},
+    },
+}
+
+DBQUEUE = {
+    "QUEUES": {
+        "default": {},
+        "emails": {},
+    },
+}
+
+if django.VERSION >= (6, 0):
+    # Django's own default, spelled out so tests of the Tasks integration start from a
+    # known backend; tests that need the dbqueue backend override TASKS themselves.
+    TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
