@@ -1,30 +1,32 @@
+import argparse
+
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from django_dbqueue.conf import get_settings
 
 
-def _positive_int(name):
+def _positive_int():
     def parse(text):
         try:
             value = int(text)
         except ValueError:
-            raise CommandError(f"{name} must be a whole number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
         if value < 1:
-            raise CommandError(f"{name} must be at least 1, got {value}")
+            raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
         return value
 
     return parse
 
 
-def _positive_float(name):
+def _positive_float():
     def parse(text):
         try:
             value = float(text)
         except ValueError:
-            raise CommandError(f"{name} must be a number of seconds, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
         if not value > 0:
-            raise CommandError(f"{name} must be greater than 0, got {text}")
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
         return value
 
     return parse
@@ -39,24 +41,24 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=_positive_int("--concurrency"),
+            type=_positive_int(),
             help="Handler threads per process.",
         )
         parser.add_argument(
             "--processes",
-            type=_positive_int("--processes"),
+            type=_positive_int(),
             default=1,
             help="Worker processes (default 1).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive_float("--poll-interval"),
+            type=_positive_float(),
             help="Seconds between polls when idle.",
         )
         parser.add_argument("--burst", action="store_true", help="Run what is due now, then exit.")
         parser.add_argument(
             "--max-jobs",
-            type=_positive_int("--max-jobs"),
+            type=_positive_int(),
             help="Exit after claiming this many jobs.",
         )
 
@@ -66,11 +68,11 @@ class Command(BaseCommand):
         if options["queues"]:
             queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
             if not queues:
-                raise CommandError("--queues needs at least one queue name")
+                raise CommandError("argument --queues: needs at least one queue name")
             unknown = [q for q in queues if q not in conf.QUEUES]
             if unknown:
                 raise CommandError(
-                    f"--queues names {', '.join(map(repr, unknown))}, not in DBQUEUE['QUEUES'] "
+                    f"argument --queues: names {', '.join(map(repr, unknown))}, not in DBQUEUE['QUEUES'] "
                     f"({', '.join(conf.QUEUES)})"
                 )
         using = conf.DATABASE

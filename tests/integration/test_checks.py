@@ -1,0 +1,84 @@
+"""System checks: each id fires on the misconfiguration it names, with a hint."""
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from django_dbqueue import job, registry
+from django_dbqueue.checks import check_settings
+
+
+def ids(settings_value, settings):
+    settings.DBQUEUE = settings_value
+    return [(m.id, m.msg, m.hint) for m in check_settings()]
+
+
+def test_defaults_are_clean(settings):
+    assert ids({"QUEUES": {"default": {}, "emails": {}}}, settings) == []
+
+
+def test_e001_not_a_dict(settings):
+    ((id_, msg, hint),) = ids(["default"], settings)
+    assert id_ == "dbqueue.E001" and "must be a dict" in msg and hint
+
+
+def test_e002_unknown_key_suggests_the_close_match(settings):
+    ((id_, msg, hint),) = ids({"QUEUES": {"default": {}, "emails": {}}, "CONCURENCY": 4}, settings)
+    assert id_ == "dbqueue.E002" and "'CONCURENCY'" in msg and hint == "Did you mean 'CONCURRENCY'?"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("CONCURRENCY", 0, "an integer >= 1"),
+        ("CONCURRENCY", "8", "an integer >= 1"),
+        ("POLL_INTERVAL", -1, "seconds > 0"),
+        ("MAX_ATTEMPTS", 1.5, "an integer >= 1"),
+        ("LISTEN", "yes", "True or False"),
+        ("QUEUES", [], "non-empty dict"),
+        ("NOTIFY_CHANNEL", "x" * 64, "1 to 63 characters"),
+    ],
+)
+def test_e003_wrong_type_or_range(key, value, fragment, settings):
+    found = ids({"QUEUES": {"default": {}, "emails": {}}, key: value}, settings)
+    assert [i for i, _, _ in found] == ["dbqueue.E003"]
+    assert fragment in found[0][1] and key in found[0][1]
+
+
+def test_e003_bad_queue_options(settings):
+    found = ids({"QUEUES": {"default": {"concurrency": 0}, "emails": {"speed": 1}}}, settings)
+    assert sorted(i for i, _, _ in found) == ["dbqueue.E002", "dbqueue.E003"]
+
+
+def test_e004_lease_not_longer_than_heartbeat_and_w001_too_close(settings):
+    found = ids({"QUEUES": {"default": {}, "emails": {}}, "LEASE": 5, "HEARTBEAT_INTERVAL": 10}, settings)
+    assert [i for i, _, _ in found] == ["dbqueue.E004"]
+    found = ids({"QUEUES": {"default": {}, "emails": {}}, "LEASE": 15, "HEARTBEAT_INTERVAL": 10}, settings)
+    assert [i for i, _, _ in found] == ["dbqueue.W001"]
+
+
+def test_e004_for_a_job_types_lease(settings):
+    job("short-lease", lease=1)(lambda ctx: None)
+    try:
+        found = ids({"QUEUES": {"default": {}, "emails": {}}}, settings)
+        assert [i for i, _, _ in found] == ["dbqueue.E004"] and "'short-lease'" in found[0][1]
+    finally:
+        registry.unregister("short-lease")
+
+
+def test_e005_not_postgresql(settings):
+    found = ids({"QUEUES": {"default": {}, "emails": {}}, "DATABASE": "sqlite"}, settings)
+    assert [i for i, _, _ in found] == ["dbqueue.E005"] and "needs PostgreSQL" in found[0][1]
+    found = ids({"QUEUES": {"default": {}, "emails": {}}, "DATABASE": "nope"}, settings)
+    assert [i for i, _, _ in found] == ["dbqueue.E005"]
+
+
+def test_e006_type_queue_not_configured(settings):
+    found = ids({"QUEUES": {"default": {}}}, settings)  # testapp's "email" type uses "emails"
+    assert [i for i, _, _ in found] == ["dbqueue.E006"] and "'email'" in found[0][1]
+
+
+def test_manage_py_check_fails_on_bad_settings(settings):
+    settings.DBQUEUE = {"QUEUES": {"default": {}, "emails": {}}, "LEASE": "long"}
+    with pytest.raises(SystemCheckError, match=r"dbqueue.E003"):
+        call_command("check")
