@@ -1,5 +1,7 @@
 """What counts as a transient database fault, and how a thread gets a fresh connection."""
 
+import contextlib
+
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 # A lost connection surfaces as OperationalError (server gone, terminated) or InterfaceError
@@ -10,8 +12,6 @@ DB_ERRORS = (OperationalError, InterfaceError)
 def reset_connection(using):
     """Drop this thread's connection to ``using`` so the next query opens a new one."""
     connection = connections[using]
-    try:
+    with contextlib.suppress(DatabaseError):
         connection.close()
-    except DatabaseError:
-        pass
     connection.connection = None

@@ -27,7 +27,7 @@ class UnsupportedDatabase(DBQueueError, ImproperlyConfigured):
     """The database alias is not PostgreSQL."""
 
 
-class RetryJob(Exception):  # noqa: N818 - raised by handlers as an instruction, not an error
+class RetryJob(Exception):
     """Raise from a handler to retry after ``delay`` seconds instead of the type's backoff.
 
     The attempt still counts: a job that keeps asking for a retry dies after ``max_attempts``.
@@ -45,7 +45,7 @@ class RetryJob(Exception):  # noqa: N818 - raised by handlers as an instruction,
         super().__init__(reason or f"retry requested in {self.delay:g}s")
 
 
-class DiscardJob(Exception):  # noqa: N818 - raised by handlers as an instruction, not an error
+class DiscardJob(Exception):
     """Raise from a handler to send the job to the dead letters at once, with no further retry."""
 
     def __init__(self, reason=""):

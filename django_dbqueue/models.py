@@ -29,8 +29,9 @@ class BackgroundJob(models.Model):
     max_attempts = models.PositiveIntegerField(default=10)
     lease_seconds = models.FloatField(default=60.0)
     leased_until = models.DateTimeField(null=True, blank=True)
-    worker_id = models.CharField(max_length=200, null=True, blank=True)
-    idempotency_key = models.CharField(max_length=300, null=True, blank=True)
+    # NULL, not "": no worker holds it; and NULL keys stay out of the unique key index.
+    worker_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    idempotency_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
     errors = models.JSONField(default=list, blank=True, help_text="One entry per failed attempt.")
     result = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=Now())

@@ -7,6 +7,7 @@ It exits 0 once every child has exited after a signal; a second signal is forwar
 makes the children exit at once.
 """
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -55,10 +56,8 @@ class Supervisor:
         self.stopping = True
         for process in self.children.values():
             if process.is_alive():
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(process.pid, signum)
-                except ProcessLookupError:
-                    pass
 
     def run(self):
         connections.close_all()

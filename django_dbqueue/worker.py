@@ -51,7 +51,7 @@ def error_record(exc, *, attempt, worker_id, message=None):
     }
 
 
-class _FencedOut(Exception):  # noqa: N818 - internal control flow
+class _FencedOut(Exception):
     """An atomic handler's completion matched no row: roll its writes back."""
 
 

@@ -32,7 +32,9 @@ def start_worker(fast_settings):
     def start(**kwargs):
         worker = Worker(**kwargs)
         result = {}
-        thread = threading.Thread(target=lambda: result.setdefault("code", worker.run()), daemon=True)
+        thread = threading.Thread(
+            target=lambda: result.setdefault("code", worker.run()), daemon=True
+        )
         thread.start()
         worker.thread = thread
         worker.result = result

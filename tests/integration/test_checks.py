@@ -51,9 +51,13 @@ def test_e003_bad_queue_options(settings):
 
 
 def test_e004_lease_not_longer_than_heartbeat_and_w001_too_close(settings):
-    found = ids({"QUEUES": {"default": {}, "emails": {}}, "LEASE": 5, "HEARTBEAT_INTERVAL": 10}, settings)
+    found = ids(
+        {"QUEUES": {"default": {}, "emails": {}}, "LEASE": 5, "HEARTBEAT_INTERVAL": 10}, settings
+    )
     assert [i for i, _, _ in found] == ["dbqueue.E004"]
-    found = ids({"QUEUES": {"default": {}, "emails": {}}, "LEASE": 15, "HEARTBEAT_INTERVAL": 10}, settings)
+    found = ids(
+        {"QUEUES": {"default": {}, "emails": {}}, "LEASE": 15, "HEARTBEAT_INTERVAL": 10}, settings
+    )
     assert [i for i, _, _ in found] == ["dbqueue.W001"]
 
 

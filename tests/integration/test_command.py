@@ -29,11 +29,25 @@ def test_bad_argument_on_the_command_line_prints_usage_and_exits_2():
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "django", "run_jobqueue", "--settings", "tests.settings", "--concurrency", "0"],
-        capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "run_jobqueue",
+            "--settings",
+            "tests.settings",
+            "--concurrency",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
-    assert "usage:" in result.stderr and "argument --concurrency: must be at least 1, got 0" in result.stderr
+    assert (
+        "usage:" in result.stderr
+        and "argument --concurrency: must be at least 1, got 0" in result.stderr
+    )
 
 
 @pytest.mark.django_db(transaction=True)

@@ -100,12 +100,20 @@ def test_enqueue_many_one_statement_in_order_and_one_notification(listener):
 def test_options_are_stored():
     run_after = timezone.now() + datetime.timedelta(hours=1)
     job = enqueue(
-        "echo", {"a": 1}, queue="emails", priority=7, run_after=run_after, max_attempts=3,
+        "echo",
+        {"a": 1},
+        queue="emails",
+        priority=7,
+        run_after=run_after,
+        max_attempts=3,
         idempotency_key="k-opts",
     )
     row = job_row(job.id)
     assert (row["queue"], row["priority"], row["max_attempts"], row["idempotency_key"]) == (
-        "emails", 7, 3, "k-opts",
+        "emails",
+        7,
+        3,
+        "k-opts",
     )
     assert row["run_after"] == run_after
     delayed = job_row(enqueue("echo", delay=datetime.timedelta(seconds=90)).id)
@@ -208,14 +216,16 @@ def test_payload_error_names_the_path():
     ],
 )
 def test_payloads_that_would_not_round_trip(payload, fragment):
-    with pytest.raises(PayloadError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+    with pytest.raises(
+        PayloadError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+    ):
         enqueue("noop", payload)
     assert nothing_written()
 
 
 def test_naive_run_after_refused_under_use_tz():
     with pytest.raises(EnqueueError, match="naive datetime while USE_TZ is on"):
-        enqueue("noop", run_after=datetime.datetime(2030, 1, 1))  # noqa: DTZ001
+        enqueue("noop", run_after=datetime.datetime(2030, 1, 1))
     assert nothing_written()
 
 
@@ -244,7 +254,9 @@ def test_bad_options(kwargs, fragment):
 
 
 def test_non_postgresql_database_refused():
-    with pytest.raises(UnsupportedDatabase, match="'sqlite' is sqlite; django-dbqueue needs PostgreSQL"):
+    with pytest.raises(
+        UnsupportedDatabase, match="'sqlite' is sqlite; django-dbqueue needs PostgreSQL"
+    ):
         enqueue("noop", using="sqlite")
 
 

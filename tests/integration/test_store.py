@@ -20,14 +20,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def claim(n=10, queues=("default",), limits=None, worker="w1"):
     return store.claim(
-        "default", worker_id=worker, queues=list(queues), limits=limits or [n] * len(queues), limit=n
+        "default",
+        worker_id=worker,
+        queues=list(queues),
+        limits=limits or [n] * len(queues),
+        limit=n,
     )
 
 
 def expire(job_id):
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE dbqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s", [job_id]
+            "UPDATE dbqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s",
+            [job_id],
         )
 
 
@@ -48,7 +53,12 @@ def test_claim_order_priority_then_run_after_then_id():
     high = enqueue("noop", priority=50)
     future = enqueue("noop", priority=100, delay=3600)
     rows = claim(10)
-    assert [r.id for r in sorted(rows, key=lambda r: (-r.priority, r.id))] == [high.id, a.id, b.id, low.id]
+    assert [r.id for r in sorted(rows, key=lambda r: (-r.priority, r.id))] == [
+        high.id,
+        a.id,
+        b.id,
+        low.id,
+    ]
     assert future.id not in {r.id for r in rows}
     assert claim(10) == []
 
@@ -129,7 +139,11 @@ def test_claim_plan_uses_the_partial_index_with_100k_finished_rows():
         plan = cursor.fetchone()[0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
     nodes = list(_plan_nodes(plan[0]["Plan"]))
-    scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "dbqueue_job"]
+    scans = [
+        (n["Node Type"], n.get("Index Name"))
+        for n in nodes
+        if n.get("Relation Name") == "dbqueue_job"
+    ]
     assert ("Index Scan", "dbqueue_job_claim_idx") in scans, scans
     assert not any(kind == "Seq Scan" for kind, _ in scans), scans
     assert len(claim(10)) == 10
@@ -147,7 +161,9 @@ def test_zombie_cannot_complete_or_fail_a_reclaimed_job():
     # The zombie wakes up and reports: every write is fenced out.
     assert store.complete("default", [(job.id, zombie.attempt, None)]) == set()
     error = {"attempt": 1, "class": "X", "message": "late", "traceback": "", "worker": "zombie"}
-    assert store.fail("default", job_id=job.id, attempt=zombie.attempt, error=error, delay=0) is None
+    assert (
+        store.fail("default", job_id=job.id, attempt=zombie.attempt, error=error, delay=0) is None
+    )
     assert store.extend_leases("default", [(job.id, zombie.attempt)]) == set()
     assert store.release("default", [(job.id, zombie.attempt)]) == set()
     row = job_row(job.id)
@@ -162,7 +178,13 @@ def test_fail_retries_then_dies_keeping_every_error():
     job = enqueue("fail", max_attempts=2)
     for attempt in (1, 2):
         (row,) = claim()
-        error = {"attempt": attempt, "class": "ValueError", "message": f"m{attempt}", "traceback": "tb", "worker": "w1"}
+        error = {
+            "attempt": attempt,
+            "class": "ValueError",
+            "message": f"m{attempt}",
+            "traceback": "tb",
+            "worker": "w1",
+        }
         state = store.fail("default", job_id=job.id, attempt=row.attempt, error=error, delay=0)
         assert state == ("pending" if attempt == 1 else "dead")
     row = job_row(job.id)
@@ -182,7 +204,9 @@ def test_fail_with_delay_and_discard():
     assert (row["run_after"] - failed_at).total_seconds() == pytest.approx(120, abs=1)
     other = enqueue("noop")
     claim()
-    assert store.fail("default", job_id=other.id, attempt=1, error=err, delay=0, dead=True) == "dead"
+    assert (
+        store.fail("default", job_id=other.id, attempt=1, error=err, delay=0, dead=True) == "dead"
+    )
 
 
 def test_sweeper_rescues_or_kills_expired_jobs_and_records_why():

@@ -186,7 +186,9 @@ def test_max_jobs_stops_after_n(fast_settings):
     assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'pending'") == 7
 
 
-def test_graceful_stop_releases_unfinished_jobs_without_spending_attempts(start_worker, fast_settings, tmp_path):
+def test_graceful_stop_releases_unfinished_jobs_without_spending_attempts(
+    start_worker, fast_settings, tmp_path
+):
     fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "SHUTDOWN_GRACE": 0.3, "PREFETCH": 3}
     worker = start_worker(concurrency=1)
     stuck = enqueue("sleep", {"seconds": 30, "until_file": str(tmp_path / "never")})

@@ -13,7 +13,9 @@ json_values = st.recursive(
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text().filter(lambda s: "\x00" not in s),
-    lambda children: st.lists(children) | st.dictionaries(st.text().filter(lambda s: "\x00" not in s), children),
+    lambda children: (
+        st.lists(children) | st.dictionaries(st.text().filter(lambda s: "\x00" not in s), children)
+    ),
     max_leaves=20,
 )
 
