@@ -9,6 +9,8 @@ Ids are stable and listed in docs/checks.md:
 - ``dbqueue.E005`` the queue database is not PostgreSQL.
 - ``dbqueue.E006`` a job type's queue is not in ``QUEUES``.
 - ``dbqueue.W001`` a lease shorter than two heartbeat intervals: one late heartbeat loses it.
+- ``dbqueue.W002`` an atomic job type with no timeout, or a long one: its transaction stays open
+  for the whole run, holding locks and holding back vacuum.
 """
 
 import difflib
@@ -180,8 +182,32 @@ def check_settings(app_configs=None, **kwargs):
                     hint=f"Add {queue!r} to {SETTING_NAME}['QUEUES']; no worker would claim its jobs.",
                 )
             )
+    errors.extend(_check_atomic_timeouts())
     errors.extend(_check_database(conf))
     return errors
+
+
+ATOMIC_TIMEOUT_LIMIT = 60.0  # seconds an atomic handler may hold its transaction without W002
+
+
+def _check_atomic_timeouts():
+    warnings = []
+    for job_type in registry.all_types().values():
+        if job_type.atomic and (
+            job_type.timeout is None or job_type.timeout > ATOMIC_TIMEOUT_LIMIT
+        ):
+            allowed = "no timeout" if job_type.timeout is None else f"timeout={job_type.timeout:g}s"
+            warnings.append(
+                Warning(
+                    f"atomic job type {job_type.name!r} ({job_type.location}) allows {allowed}: its "
+                    "transaction stays open for the whole run, holding row locks and holding back "
+                    "vacuum on every table.",
+                    hint=f"Give it @job(..., timeout=N) with N <= {ATOMIC_TIMEOUT_LIMIT:g}, or make "
+                    "it non-atomic and idempotent.",
+                    id="dbqueue.W002",
+                )
+            )
+    return warnings
 
 
 def _check_leases(conf):

@@ -179,3 +179,33 @@ SELECT count(*) FROM (
     LIMIT %(bound)s
 ) AS due
 """
+
+# Delivery records ------------------------------------------------------------------------------
+
+# Claim the right to perform a side effect. A new key inserts a 'recorded' row; a key whose last
+# delivery definitely failed is moved back to 'recorded' in the same statement (ON CONFLICT takes
+# the row lock, so of two attempts racing only one sees 'failed'); a key that is recorded
+# (outcome unknown) or sent returns nothing, and the caller must not perform the effect.
+BEGIN_DELIVERY = """
+INSERT INTO dbqueue_delivery (key, state, job_id, attempt, provider_reference, error,
+                              created_at, updated_at)
+VALUES (%(key)s, 'recorded', %(job_id)s, %(attempt)s, '', '', now(), now())
+ON CONFLICT (key) DO UPDATE
+    SET state = 'recorded', job_id = EXCLUDED.job_id, attempt = EXCLUDED.attempt,
+        updated_at = now()
+    WHERE dbqueue_delivery.state = 'failed'
+RETURNING id
+"""
+
+SELECT_DELIVERY = """
+SELECT id, state, provider_reference, error, job_id, attempt FROM dbqueue_delivery WHERE key = %(key)s
+"""
+
+# Settle a recorded delivery: sent (with the provider's reference) or failed (with the error).
+# Only a 'recorded' row moves, so a late or repeated confirmation changes nothing.
+SETTLE_DELIVERY = """
+UPDATE dbqueue_delivery
+SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s, updated_at = now()
+WHERE key = %(key)s AND state = 'recorded'
+RETURNING id
+"""

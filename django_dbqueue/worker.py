@@ -27,6 +27,7 @@ from .acks import Acknowledger
 from .conf import get_settings
 from .context import JobContext
 from .dbretry import DB_ERRORS, reset_connection
+from .deliveries import close_side_connections
 from .exceptions import DiscardJob, RetryJob
 from .notifications import Listener
 from .sweeper import Sweeper
@@ -183,6 +184,7 @@ class Worker:
         finally:
             if loop is not None:
                 loop.close()
+            close_side_connections()
             connections.close_all()
 
     def _run_job(self, entry, loop):

@@ -86,3 +86,15 @@ def test_manage_py_check_fails_on_bad_settings(settings):
     settings.DBQUEUE = {"QUEUES": {"default": {}, "emails": {}}, "LEASE": "long"}
     with pytest.raises(SystemCheckError, match=r"dbqueue.E003"):
         call_command("check")
+
+
+def test_w002_atomic_type_with_a_long_or_no_timeout(settings):
+    job("atomic-forever", atomic=True)(lambda ctx: None)
+    job("atomic-long", atomic=True, timeout=600)(lambda ctx: None)
+    try:
+        found = ids({"QUEUES": {"default": {}, "emails": {}}}, settings)
+        assert [i for i, _, _ in found] == ["dbqueue.W002", "dbqueue.W002"]
+        assert "allows no timeout" in found[0][1] and "timeout=600s" in found[1][1]
+    finally:
+        registry.unregister("atomic-forever")
+        registry.unregister("atomic-long")

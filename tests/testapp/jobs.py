@@ -94,3 +94,6 @@ def slow_record(ctx):
         if flag and os.path.exists(flag):
             break
         time.sleep(0.01)
+
+
+from . import delivery_jobs  # noqa: E402, F401 - registers the delivery job types

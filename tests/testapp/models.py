@@ -20,3 +20,15 @@ class Invoice(models.Model):
 
     def __str__(self):
         return self.number
+
+
+class ProviderCall(models.Model):
+    """A call to the fake external provider: one row per effect really performed."""
+
+    key = models.CharField(max_length=300)
+    job_id = models.BigIntegerField(null=True)
+    attempt = models.IntegerField(default=0)
+    at = models.DateTimeField(db_default=Now())
+
+    def __str__(self):
+        return self.key

@@ -1,0 +1,194 @@
+"""Delivery records and atomic handlers: duplicates of a job produce one effect."""
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from django_dbqueue import enqueue
+from django_dbqueue.deliveries import (
+    DeliveryFailed,
+    begin_delivery,
+    close_side_connections,
+    deliver,
+)
+from django_dbqueue.exceptions import DBQueueError
+from django_dbqueue.sweeper import Sweeper
+from tests.testapp.models import Effect, ProviderCall
+from tests.utils import job_row, scalar, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _close_side_connections():
+    yield
+    close_side_connections()
+
+
+def delivery(key):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT state, provider_reference, error, job_id, attempt FROM dbqueue_delivery WHERE key = %s",
+            [key],
+        )
+        return cursor.fetchone()
+
+
+def test_first_caller_proceeds_second_is_refused():
+    first = begin_delivery("sms:1")
+    assert first.proceed and first.state == "recorded"
+    second = begin_delivery("sms:1")
+    assert not second.proceed and second.unconfirmed
+    assert first.sent("prov-123")
+    third = begin_delivery("sms:1")
+    assert (third.proceed, third.state, third.provider_reference) == (False, "sent", "prov-123")
+    with pytest.raises(DBQueueError, match="not held by this caller"):
+        third.sent("again")
+
+
+def test_failed_delivery_may_be_attempted_again_by_exactly_one_caller():
+    held = begin_delivery("pay:7")
+    held.failed("card declined")
+    assert delivery("pay:7")[:3] == ("failed", "", "card declined")
+    retry = begin_delivery("pay:7")
+    assert retry.proceed
+    assert not begin_delivery("pay:7").proceed  # back to recorded: nobody else proceeds
+
+
+def test_fifty_concurrent_runs_racing_on_one_key_send_once():
+    barrier = threading.Barrier(50)
+    proceeded = []
+
+    def run():
+        barrier.wait(10)
+        with deliver(None, "race:1") as d:
+            if d.proceed:
+                proceeded.append(1)
+                ProviderCall.objects.create(key="race:1")
+        connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(proceeded) == 1
+    assert ProviderCall.objects.filter(key="race:1").count() == 1
+    assert delivery("race:1")[0] == "sent"
+    assert scalar("SELECT count(*) FROM dbqueue_delivery") == 1
+
+
+def test_fifty_concurrent_retries_of_a_failed_delivery_send_once():
+    begin_delivery("race:2").failed("timeout from provider, definitely not sent")
+    barrier = threading.Barrier(50)
+    proceeded = []
+
+    def run():
+        barrier.wait(10)
+        if begin_delivery("race:2").proceed:
+            proceeded.append(1)
+        connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(proceeded) == 1
+
+
+def test_deliver_marks_failed_on_delivery_failed_and_leaves_unknown_on_other_errors():
+    with pytest.raises(DeliveryFailed), deliver(None, "k:failed") as d:
+        assert d.proceed
+        raise DeliveryFailed("rejected")
+    assert delivery("k:failed")[0] == "failed"
+    with pytest.raises(TimeoutError), deliver(None, "k:unknown"):
+        raise TimeoutError("provider did not answer")
+    assert delivery("k:unknown")[0] == "recorded"  # nobody knows: never re-sent automatically
+
+
+def test_record_commits_even_inside_a_transaction_that_rolls_back():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        d = begin_delivery("k:atomic")
+        assert d.proceed
+        raise RuntimeError("the handler's transaction rolls back")
+    assert delivery("k:atomic")[0] == "recorded"
+
+
+def test_bad_key_is_refused():
+    with pytest.raises(ValueError, match="delivery key must be a non-empty string"):
+        begin_delivery("")
+
+
+def test_retry_after_a_definite_failure_sends_once(start_worker):
+    start_worker()
+    job = enqueue("deliver-sms", {"key": "sms:retry", "reject_attempts": [1]})
+    wait_until(lambda: job_row(job.id)["state"] == "done", message="done")
+    row = job_row(job.id)
+    assert row["attempts"] == 2 and row["errors"][0]["message"] == "provider rejected attempt 1"
+    assert ProviderCall.objects.filter(key="sms:retry").count() == 1
+    state, reference, _, job_id, attempt = delivery("sms:retry")
+    assert (state, reference, job_id, attempt) == ("sent", "ref-sms:retry-2", job.id, 2)
+
+
+def _expire_and_sweep(job_id):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dbqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s",
+            [job_id],
+        )
+    assert Sweeper("default").run_once()["rescued"] == 1
+
+
+def test_job_delivered_twice_while_the_first_run_is_in_progress_has_one_effect(
+    start_worker, fast_settings, tmp_path
+):
+    # No heartbeat during the test: the lease only ends when the test expires it.
+    fast_settings.DBQUEUE = {
+        **fast_settings.DBQUEUE,
+        "HEARTBEAT_INTERVAL": 100,
+        "LEASE": 300,
+        "SWEEP_INTERVAL": 100,
+    }
+    flag = tmp_path / "go"
+    start_worker(concurrency=2)
+    job = enqueue(
+        "deliver-sms", {"key": "sms:dup", "hold_before_send": True, "until_file": str(flag)}
+    )
+    wait_until(lambda: delivery("sms:dup") is not None, message="first run recorded")
+    _expire_and_sweep(job.id)
+    # The second delivery of the same job sees the record and skips the effect.
+    wait_until(lambda: job_row(job.id)["state"] == "done", message="second run done")
+    assert job_row(job.id)["result"] == {"skipped": "recorded"}
+    flag.touch()  # the first run goes on: it holds the record, so it sends, once
+    wait_until(lambda: delivery("sms:dup")[0] == "sent", message="first run settled")
+    assert ProviderCall.objects.filter(key="sms:dup").count() == 1
+    assert job_row(job.id)["attempts"] == 2
+
+
+def test_atomic_handler_that_lost_its_lease_leaves_no_rows(start_worker, fast_settings, tmp_path):
+    fast_settings.DBQUEUE = {
+        **fast_settings.DBQUEUE,
+        "HEARTBEAT_INTERVAL": 100,
+        "LEASE": 300,
+        "SWEEP_INTERVAL": 100,
+    }
+    flag = tmp_path / "go"
+    start_worker(concurrency=2)
+    job = enqueue("atomic-effect", {"hold_attempts": [1], "until_file": str(flag)})
+    wait_until(lambda: job_row(job.id)["state"] == "running", message="first run")
+    _expire_and_sweep(job.id)
+    wait_until(lambda: job_row(job.id)["state"] == "done", message="second run done")
+    flag.touch()
+    wait_until(
+        lambda: (
+            not scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND datname = current_database()"
+            )
+        ),
+        message="first run's transaction ended",
+    )
+    effects = list(Effect.objects.filter(job_id=job.id).values_list("attempt", flat=True))
+    assert effects == [2]
+    assert job_row(job.id)["attempts"] == 2
