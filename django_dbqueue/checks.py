@@ -70,6 +70,18 @@ _RULES = {
         lambda v: _number(v, minimum=0),
         "a number of seconds >= 0 (0 turns it off)",
     ),
+    "DONE_RETENTION": (
+        lambda v: _number(v, minimum=0, allow_none=True),
+        "seconds >= 0 or None (keep)",
+    ),
+    "CANCELLED_RETENTION": (
+        lambda v: _number(v, minimum=0, allow_none=True),
+        "seconds >= 0 or None (keep)",
+    ),
+    "DEAD_RETENTION": (
+        lambda v: _number(v, minimum=0, allow_none=True),
+        "seconds >= 0 or None (keep)",
+    ),
 }
 assert set(_RULES) == set(DEFAULTS), "every setting needs a check rule"
 

@@ -30,6 +30,9 @@ DEFAULTS = {
     "NOTIFY_CHANNEL": "dbqueue",  # LISTEN/NOTIFY channel
     "LISTEN": True,  # False for PgBouncer in transaction mode: poll only
     "STATUS_INTERVAL": 10.0,  # seconds between the worker's one-line summaries; 0 = never
+    "DONE_RETENTION": 86400.0,  # seconds a done job is kept; None = forever
+    "CANCELLED_RETENTION": 604800.0,  # seconds a cancelled job is kept; None = forever
+    "DEAD_RETENTION": None,  # seconds a dead job is kept; None = until a person acts
 }
 
 

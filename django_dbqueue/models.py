@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 
 from .states import FINISHED_STATES, MAX_PRIORITY, MIN_PRIORITY, DeliveryState, JobState
 
-__all__ = ["BackgroundJob", "DeliveryState", "JobDelivery", "JobState"]
+__all__ = ["BackgroundJob", "DeadLetter", "DeliveryState", "JobDelivery", "JobState"]
 
 
 class BackgroundJob(models.Model):
@@ -111,6 +111,14 @@ class BackgroundJob(models.Model):
         return f"{self.type} #{self.pk} ({self.state})"
 
 
+class DeadLetter(BackgroundJob):
+    """The dead jobs, as their own admin page (a proxy: same table, no schema)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+
+
 class JobDelivery(models.Model):
     """A record that an external side effect (payment, SMS, e-mail) was attempted under a key.
 
@@ -140,6 +148,7 @@ class JobDelivery(models.Model):
     class Meta:
         db_table = "dbqueue_delivery"
         verbose_name = "job delivery"
+        permissions = [("settle_jobdelivery", "Can mark unconfirmed deliveries sent or failed")]
         verbose_name_plural = "job deliveries"
         ordering = ["-id"]
         constraints = [

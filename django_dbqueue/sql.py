@@ -209,3 +209,83 @@ SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s, up
 WHERE key = %(key)s AND state = 'recorded'
 RETURNING id
 """
+
+# Operator actions -------------------------------------------------------------------------------
+# Each takes explicit ids and moves only the rows whose state allows it; the caller reports how
+# many moved and how many were left alone. Requeue and run-now notify the workers.
+
+# Dead or cancelled -> pending, attempts reset. The error history stays: it is the record of
+# what went wrong, and the next failures are appended after it.
+REQUEUE_JOBS = """
+WITH moved AS (
+    UPDATE dbqueue_job
+    SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
+        leased_until = NULL, worker_id = NULL
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('dead', 'cancelled')
+    RETURNING id, queue
+)
+SELECT id, pg_notify(%(channel)s, queue)::text FROM moved
+"""
+
+# Pending but scheduled for later -> due now.
+RUN_JOBS_NOW = """
+WITH moved AS (
+    UPDATE dbqueue_job SET run_after = now()
+    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND run_after > now()
+    RETURNING id, queue
+)
+SELECT id, pg_notify(%(channel)s, queue)::text FROM moved
+"""
+
+# Pending -> cancelled. A running job is not cancelled: its handler is already under way.
+CANCEL_JOBS = """
+UPDATE dbqueue_job SET state = 'cancelled', finished_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+RETURNING id
+"""
+
+# The ids of dead jobs matching optional filters, in id order after a cursor, for requeueing a
+# large set in bounded batches.
+SELECT_DEAD_IDS = """
+SELECT id FROM dbqueue_job
+WHERE state = 'dead' AND id > %(after)s
+  AND (%(type)s::text IS NULL OR type = %(type)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY id
+LIMIT %(limit)s
+"""
+
+COUNT_DEAD = """
+SELECT count(*) FROM dbqueue_job
+WHERE state = 'dead'
+  AND (%(type)s::text IS NULL OR type = %(type)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+"""
+
+# Retention: delete finished jobs of one state older than a cutoff, oldest first, bounded, and
+# SKIP LOCKED so that workers pruning at once split the rows. Served by dbqueue_job_finished_idx.
+PRUNE_FINISHED = """
+DELETE FROM dbqueue_job
+WHERE id IN (
+    SELECT id FROM dbqueue_job
+    WHERE state = %(state)s AND finished_at < now() - %(age)s * interval '1 second'
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+"""
+
+# Status --------------------------------------------------------------------------------------------
+# Counts per queue and state of the live states (pending, running, dead), the oldest due pending
+# job's age, and the stuck (lease expired) jobs. Finished rows (done, cancelled) are left out:
+# retention keeps them few, and counting them is the one part that grows with history.
+STATUS_COUNTS = """
+SELECT queue, state, count(*),
+       count(*) FILTER (WHERE state = 'running' AND leased_until < now()) AS stuck,
+       EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE state = 'pending' AND run_after <= now())) AS oldest_due,
+       count(*) FILTER (WHERE state = 'pending' AND run_after > now()) AS scheduled
+FROM dbqueue_job
+WHERE state IN ('pending', 'running', 'dead')
+GROUP BY queue, state
+ORDER BY queue, state
+"""

@@ -125,3 +125,62 @@ def rescue_expired(using, *, limit, base, factor, cap):
 
 def count_due(using, queues, bound=10000):
     return _execute(using, sql.COUNT_DUE, {"queues": list(queues), "bound": bound})[0][0]
+
+
+def requeue(using, ids, *, channel):
+    """Dead or cancelled jobs back to pending with attempts reset; returns the ids moved."""
+    rows = _execute(using, sql.REQUEUE_JOBS, {"ids": list(ids), "channel": channel})
+    return {row[0] for row in rows}
+
+
+def run_now(using, ids, *, channel):
+    """Scheduled pending jobs due now; returns the ids moved."""
+    rows = _execute(using, sql.RUN_JOBS_NOW, {"ids": list(ids), "channel": channel})
+    return {row[0] for row in rows}
+
+
+def cancel(using, ids):
+    """Pending jobs to cancelled; returns the ids moved."""
+    return {row[0] for row in _execute(using, sql.CANCEL_JOBS, {"ids": list(ids)})}
+
+
+def dead_ids(using, *, after=0, job_type=None, queue=None, limit=1000):
+    params = {"after": after, "type": job_type, "queue": queue, "limit": limit}
+    return [row[0] for row in _execute(using, sql.SELECT_DEAD_IDS, params)]
+
+
+def count_dead(using, *, job_type=None, queue=None):
+    return _execute(using, sql.COUNT_DEAD, {"type": job_type, "queue": queue})[0][0]
+
+
+def prune(using, *, state, age, limit):
+    """Delete up to ``limit`` ``state`` jobs finished more than ``age`` seconds ago; returns n."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.PRUNE_FINISHED, {"state": state, "age": float(age), "limit": limit})
+        return cursor.rowcount
+
+
+def status(using):
+    """Per-queue counts: ``{queue: {"pending", "running", "dead", "stuck", "scheduled",
+    "oldest_due_seconds"}}``. ``pending`` is due now; ``scheduled`` is pending with a future
+    ``run_after``; ``stuck`` is running past its lease."""
+    result = {}
+    for queue, state, count, stuck, oldest_due, scheduled in _execute(using, sql.STATUS_COUNTS, {}):
+        entry = result.setdefault(
+            queue,
+            {
+                "pending": 0,
+                "running": 0,
+                "dead": 0,
+                "stuck": 0,
+                "scheduled": 0,
+                "oldest_due_seconds": None,
+            },
+        )
+        # "pending" counts what is due now; pending jobs scheduled for later are "scheduled".
+        entry[state] = count - scheduled
+        entry["stuck"] += stuck
+        entry["scheduled"] += scheduled
+        if oldest_due is not None:
+            entry["oldest_due_seconds"] = float(oldest_due)
+    return result

@@ -1,4 +1,5 @@
-"""The sweeper: takes back jobs whose lease expired. Runs inside every worker.
+"""The sweeper: takes back jobs whose lease expired and prunes old finished jobs. Runs inside
+every worker.
 
 Each pass is bounded (``SWEEP_BATCH`` rows per statement, a few statements at most) and uses
 SKIP LOCKED, so any number of workers can sweep at once: they split the expired rows between them
@@ -22,7 +23,33 @@ class Sweeper:
         self.using = using or self.conf.DATABASE
 
     def run_once(self):
-        """One pass. Returns ``{"rescued": n, "dead": n}``."""
+        """One pass. Returns ``{"rescued": n, "dead": n, "pruned": n}``."""
+        counts = self.rescue()
+        counts["pruned"] = self.prune()
+        return counts
+
+    def prune(self):
+        """Delete finished jobs past their retention (``DONE_RETENTION`` and friends)."""
+        conf = self.conf
+        pruned = 0
+        for state, age in (
+            ("done", conf.DONE_RETENTION),
+            ("cancelled", conf.CANCELLED_RETENTION),
+            ("dead", conf.DEAD_RETENTION),
+        ):
+            if age is None:
+                continue
+            for _ in range(self.MAX_ROUNDS):
+                deleted = store.prune(self.using, state=state, age=age, limit=conf.SWEEP_BATCH)
+                pruned += deleted
+                if deleted < conf.SWEEP_BATCH:
+                    break
+        if pruned:
+            logger.info("dbqueue pruned %d finished jobs past their retention", pruned)
+        return pruned
+
+    def rescue(self):
+        """Return expired leases to pending (or dead). Returns ``{"rescued": n, "dead": n}``."""
         conf = self.conf
         counts = {"rescued": 0, "dead": 0}
         for _ in range(self.MAX_ROUNDS):

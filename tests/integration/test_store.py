@@ -153,7 +153,7 @@ def test_zombie_cannot_complete_or_fail_a_reclaimed_job():
     job = enqueue("record")
     (zombie,) = claim(worker="zombie")
     expire(job.id)
-    assert Sweeper("default").run_once() == {"rescued": 1, "dead": 0}
+    assert Sweeper("default").rescue() == {"rescued": 1, "dead": 0}
     with connection.cursor() as cursor:  # make it due now despite the sweeper's backoff
         cursor.execute("UPDATE dbqueue_job SET run_after = now() WHERE id = %s", [job.id])
     (holder,) = claim(worker="holder")
@@ -216,7 +216,7 @@ def test_sweeper_rescues_or_kills_expired_jobs_and_records_why():
     claim(3)
     expire(keep.id)
     expire(last.id)
-    assert Sweeper("default").run_once() == {"rescued": 1, "dead": 1}
+    assert Sweeper("default").rescue() == {"rescued": 1, "dead": 1}
     assert job_row(keep.id)["state"] == "pending"
     dead = job_row(last.id)
     assert dead["state"] == "dead" and dead["errors"][0]["class"] == "LeaseExpired"

@@ -1,0 +1,331 @@
+"""The admin: views over the same store functions the commands and the worker use.
+
+Built for a table of millions of rows: no full ``COUNT(*)`` on a page load (counts are capped),
+filter choices come from settings and the registry instead of ``SELECT DISTINCT``, and every
+list is ordered along an index. Every action needs its own permission and reports what it did
+and what it refused.
+"""
+
+import json
+
+from django.contrib import admin, messages
+from django.core.paginator import Paginator
+from django.db import DatabaseError
+from django.db.models import F
+from django.db.models.functions import Now
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+
+from . import registry, store
+from .conf import get_settings
+from .models import BackgroundJob, DeadLetter, JobDelivery
+from .states import DeliveryState, JobState
+
+COUNT_CAP = 10_000
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most ``COUNT_CAP + 1`` rows (``SELECT count(*) FROM (... LIMIT n)``): a page of a
+    million-row table costs a bounded count, and the page links stop at the cap."""
+
+    @cached_property
+    def count(self):
+        return self.object_list[: COUNT_CAP + 1].count()
+
+
+class TypeFilter(admin.SimpleListFilter):
+    title = "type"
+    parameter_name = "type"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name in sorted(registry.all_types())]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(type=self.value()) if self.value() else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name in get_settings().QUEUES]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class StuckFilter(admin.SimpleListFilter):
+    """Running past its lease: its worker died or hung; the sweeper will take it back."""
+
+    title = "stuck"
+    parameter_name = "stuck"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "running past its lease")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(state=JobState.RUNNING, leased_until__lt=Now())
+        return queryset
+
+
+def _pre(value):
+    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', value)
+
+
+class BackgroundJobAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "type",
+        "queue",
+        "state",
+        "attempts_display",
+        "run_after",
+        "created_at",
+        "last_error",
+    ]
+    list_filter = ["state", QueueFilter, TypeFilter, StuckFilter]
+    search_fields = ["=id", "=type", "=idempotency_key"]
+    ordering = ["-id"]
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    list_per_page = 50
+    actions = ["requeue", "run_now", "cancel"]
+    readonly_fields = [
+        "id",
+        "type",
+        "queue",
+        "state",
+        "priority",
+        "run_after",
+        "attempts",
+        "max_attempts",
+        "lease_seconds",
+        "leased_until",
+        "worker_id",
+        "idempotency_key",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "payload_pretty",
+        "result_pretty",
+        "errors_pretty",
+    ]
+    fieldsets = [
+        (None, {"fields": ["id", "type", "queue", "state", "priority", "idempotency_key"]}),
+        ("Timing", {"fields": ["created_at", "run_after", "started_at", "finished_at"]}),
+        (
+            "Attempts",
+            {"fields": ["attempts", "max_attempts", "worker_id", "lease_seconds", "leased_until"]},
+        ),
+        ("Data", {"fields": ["payload_pretty", "result_pretty", "errors_pretty"]}),
+    ]
+    change_list_template = "admin/django_dbqueue/change_list.html"
+
+    def has_add_permission(self, request):
+        return False  # jobs are created by enqueue(), which validates them
+
+    def has_change_permission(self, request, obj=None):
+        return False  # state changes go through the actions, never through a form
+
+    def has_requeue_permission(self, request):
+        return request.user.has_perm("django_dbqueue.requeue_backgroundjob")
+
+    def has_run_now_permission(self, request):
+        return request.user.has_perm("django_dbqueue.run_now_backgroundjob")
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("django_dbqueue.cancel_backgroundjob")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("payload", "result")
+
+    @admin.display(description="attempts")
+    def attempts_display(self, obj):
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    @admin.display(description="last error")
+    def last_error(self, obj):
+        if not obj.errors:
+            return ""
+        entry = obj.errors[-1]
+        text = f"{entry.get('class', '')}: {entry.get('message', '')}"
+        return text if len(text) <= 120 else text[:117] + "..."
+
+    @admin.display(description="payload")
+    def payload_pretty(self, obj):
+        return _pre(json.dumps(obj.payload, indent=2, ensure_ascii=False, sort_keys=True))
+
+    @admin.display(description="result")
+    def result_pretty(self, obj):
+        return (
+            "" if obj.result is None else _pre(json.dumps(obj.result, indent=2, ensure_ascii=False))
+        )
+
+    @admin.display(description="errors (every failed attempt)")
+    def errors_pretty(self, obj):
+        if not obj.errors:
+            return "none"
+        return format_html_join(
+            "",
+            '<div style="margin-bottom: 1em"><strong>attempt {} — {}</strong> at {} on {}<br>{}{}</div>',
+            (
+                (
+                    e.get("attempt", "?"),
+                    e.get("class", ""),
+                    e.get("at", ""),
+                    e.get("worker", "") or "?",
+                    _pre(e.get("message", "")),
+                    _pre(e.get("traceback", "")) if e.get("traceback") else "",
+                )
+                for e in obj.errors
+            ),
+        )
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = dict(extra_context or {})
+        try:
+            extra_context["dbqueue_status"] = sorted(store.status(get_settings().DATABASE).items())
+        except DatabaseError:  # a slow or failing summary must not take the list down
+            extra_context["dbqueue_status"] = None
+        return super().changelist_view(request, extra_context)
+
+    def _report(self, request, verb, moved, selected, refused_why):
+        if moved:
+            self.message_user(request, f"{verb} {len(moved)} job(s).", messages.SUCCESS)
+        refused = len(selected) - len(moved)
+        if refused:
+            self.message_user(
+                request,
+                f"{refused} selected job(s) were left alone: {refused_why}.",
+                messages.WARNING,
+            )
+
+    @admin.action(
+        description="Requeue (dead or cancelled → pending, attempts reset)", permissions=["requeue"]
+    )
+    def requeue(self, request, queryset):
+        ids = list(queryset.values_list("id", flat=True))
+        moved = store.requeue(get_settings().DATABASE, ids, channel=get_settings().NOTIFY_CHANNEL)
+        self._report(request, "Requeued", moved, ids, "only dead or cancelled jobs can be requeued")
+
+    @admin.action(description="Run now (scheduled → due now)", permissions=["run_now"])
+    def run_now(self, request, queryset):
+        ids = list(queryset.values_list("id", flat=True))
+        moved = store.run_now(get_settings().DATABASE, ids, channel=get_settings().NOTIFY_CHANNEL)
+        self._report(
+            request,
+            "Made due now",
+            moved,
+            ids,
+            "only pending jobs scheduled for later can be run now",
+        )
+
+    @admin.action(description="Cancel (pending → cancelled)", permissions=["cancel"])
+    def cancel(self, request, queryset):
+        ids = list(queryset.values_list("id", flat=True))
+        moved = store.cancel(get_settings().DATABASE, ids)
+        self._report(request, "Cancelled", moved, ids, "only pending jobs can be cancelled")
+
+
+class DeadLetterAdmin(BackgroundJobAdmin):
+    """The dead letters: jobs that spent their attempts or were discarded. Newest death first."""
+
+    list_display = ["id", "type", "queue", "attempts_display", "finished_at", "last_error"]
+    list_filter = [QueueFilter, TypeFilter]
+    ordering = ["-finished_at", "-id"]
+    actions = ["requeue"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(state=JobState.DEAD)
+
+    def has_requeue_permission(self, request):
+        return request.user.has_perm("django_dbqueue.requeue_backgroundjob")
+
+
+class UnconfirmedFilter(admin.SimpleListFilter):
+    title = "confirmation"
+    parameter_name = "unconfirmed"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "unconfirmed (outcome unknown)")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(state=DeliveryState.RECORDED)
+        return queryset
+
+
+class JobDeliveryAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "key",
+        "state",
+        "job_id",
+        "attempt",
+        "provider_reference",
+        "created_at",
+        "updated_at",
+    ]
+    list_filter = [UnconfirmedFilter, "state"]
+    search_fields = ["=key", "=provider_reference", "=job__id"]
+    ordering = ["-id"]
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    actions = ["mark_sent", "mark_failed"]
+    readonly_fields = [
+        "key",
+        "state",
+        "job",
+        "attempt",
+        "provider_reference",
+        "error",
+        "created_at",
+        "updated_at",
+    ]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_settle_permission(self, request):
+        return request.user.has_perm("django_dbqueue.settle_jobdelivery")
+
+    def _settle(self, request, queryset, state, note):
+        selected = list(queryset.values_list("id", flat=True))
+        moved = JobDelivery.objects.filter(id__in=selected, state=DeliveryState.RECORDED).update(
+            state=state, error=F("error") if state == DeliveryState.SENT else note, updated_at=Now()
+        )
+        if moved:
+            self.message_user(
+                request, f"Marked {moved} delivery record(s) {state}.", messages.SUCCESS
+            )
+        if len(selected) - moved:
+            self.message_user(
+                request,
+                f"{len(selected) - moved} selected record(s) were left alone: only unconfirmed "
+                "(recorded) deliveries can be settled.",
+                messages.WARNING,
+            )
+
+    @admin.action(
+        description="Mark sent (the provider confirms it happened)", permissions=["settle"]
+    )
+    def mark_sent(self, request, queryset):
+        self._settle(request, queryset, DeliveryState.SENT, "")
+
+    @admin.action(
+        description="Mark failed (it did not happen; a retry may send it)", permissions=["settle"]
+    )
+    def mark_failed(self, request, queryset):
+        self._settle(
+            request, queryset, DeliveryState.FAILED, f"marked failed by {request.user} in the admin"
+        )
+
+
+admin.site.register(BackgroundJob, BackgroundJobAdmin)
+admin.site.register(DeadLetter, DeadLetterAdmin)
+admin.site.register(JobDelivery, JobDeliveryAdmin)

@@ -1,0 +1,125 @@
+import argparse
+import json
+
+from django.core.management.base import BaseCommand
+
+from django_dbqueue import store
+from django_dbqueue.conf import get_settings
+
+
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _positive_seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Print the queue's health: counts per queue and state, the oldest due job's age, stuck "
+        "and dead jobs. Exits 1 when a --fail-on threshold is crossed, for cron and health probes."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+        parser.add_argument(
+            "--fail-on-dead",
+            type=_non_negative_int,
+            metavar="N",
+            help="Exit 1 when more than N jobs are dead (0: any dead job fails).",
+        )
+        parser.add_argument(
+            "--fail-on-stuck",
+            action="store_true",
+            help="Exit 1 when any running job is past its lease (its worker died or hung).",
+        )
+        parser.add_argument(
+            "--fail-on-oldest-pending",
+            type=_positive_seconds,
+            metavar="SECONDS",
+            help="Exit 1 when a due job has waited longer than SECONDS.",
+        )
+
+    def handle(self, *args, **options):
+        conf = get_settings()
+        per_queue = store.status(conf.DATABASE)
+        for name in conf.QUEUES:
+            per_queue.setdefault(
+                name,
+                {
+                    "pending": 0,
+                    "running": 0,
+                    "dead": 0,
+                    "stuck": 0,
+                    "scheduled": 0,
+                    "oldest_due_seconds": None,
+                },
+            )
+        totals = {
+            key: sum(q[key] for q in per_queue.values())
+            for key in ("pending", "scheduled", "running", "stuck", "dead")
+        }
+        ages = [
+            q["oldest_due_seconds"]
+            for q in per_queue.values()
+            if q["oldest_due_seconds"] is not None
+        ]
+        totals["oldest_due_seconds"] = max(ages) if ages else None
+
+        failures = []
+        if options["fail_on_dead"] is not None and totals["dead"] > options["fail_on_dead"]:
+            failures.append(f"{totals['dead']} dead jobs (threshold {options['fail_on_dead']})")
+        if options["fail_on_stuck"] and totals["stuck"]:
+            failures.append(f"{totals['stuck']} stuck jobs (running past their lease)")
+        limit = options["fail_on_oldest_pending"]
+        if limit is not None and (totals["oldest_due_seconds"] or 0) > limit:
+            failures.append(
+                f"oldest due job waited {totals['oldest_due_seconds']:.0f}s (threshold {limit:g}s)"
+            )
+
+        if options["json"]:
+            self.stdout.write(
+                json.dumps(
+                    {"queues": per_queue, "totals": totals, "failures": failures},
+                    indent=2,
+                    sort_keys=True,
+                )
+            )
+        else:
+            self._table(per_queue, totals)
+            for failure in failures:
+                self.stderr.write(f"FAIL: {failure}")
+            if not failures:
+                self.stdout.write("OK")
+        if failures:
+            raise SystemExit(1)
+
+    def _table(self, per_queue, totals):
+        header = ("queue", "pending", "scheduled", "running", "stuck", "dead", "oldest due")
+        rows = [header]
+        for name, q in [*sorted(per_queue.items()), ("TOTAL", totals)]:
+            age = "-" if q["oldest_due_seconds"] is None else f"{q['oldest_due_seconds']:.0f}s"
+            rows.append(
+                (name, q["pending"], q["scheduled"], q["running"], q["stuck"], q["dead"], age)
+            )
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+        for row in rows:
+            self.stdout.write(
+                "  ".join(
+                    str(v).rjust(w) if i else str(v).ljust(w)
+                    for i, (v, w) in enumerate(zip(row, widths, strict=True))
+                )
+            )

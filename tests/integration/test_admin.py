@@ -1,0 +1,203 @@
+"""The admin through Django's test client: every action with and without its permission, on
+eligible and ineligible rows; escaping of payloads and errors; the dead-letter and delivery views."""
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection
+from django.urls import reverse
+
+from django_dbqueue import enqueue, store
+from django_dbqueue.deliveries import begin_delivery
+from tests.utils import job_row, scalar
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "admin:django_dbqueue_backgroundjob_changelist"
+
+
+def make_user(*perms):
+    user = User.objects.create_user(
+        "ops-" + "-".join(perms or ("none",)), password="pw", is_staff=True
+    )
+    codenames = ["view_backgroundjob", "view_deadletter", "view_jobdelivery", *perms]
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="django_dbqueue", codename__in=codenames)
+    )
+    return user
+
+
+@pytest.fixture
+def as_user(client):
+    def login(*perms):
+        client.force_login(make_user(*perms))
+        return client
+
+    return login
+
+
+def set_state(job_id, state):
+    with connection.cursor() as cursor:
+        if state == "dead":
+            cursor.execute(
+                "UPDATE dbqueue_job SET state = 'dead', finished_at = now(), attempts = 1 WHERE id = %s",
+                [job_id],
+            )
+        elif state == "running":
+            cursor.execute(
+                "UPDATE dbqueue_job SET state = 'running', leased_until = now() - interval '1 minute', attempts = 1 WHERE id = %s",
+                [job_id],
+            )
+
+
+def post_action(client, action, ids, url=CHANGELIST):
+    return client.post(
+        reverse(url), {"action": action, "_selected_action": [str(i) for i in ids]}, follow=True
+    )
+
+
+def texts(response):
+    return [str(m) for m in response.context["messages"]]
+
+
+def test_requeue_needs_its_permission(as_user):
+    job = enqueue("noop")
+    set_state(job.id, "dead")
+    client = as_user()  # view only
+    response = client.get(reverse(CHANGELIST))
+    assert response.status_code == 200
+    assert "requeue" not in [
+        a[0] for a in response.context["cl"].model_admin.get_action_choices(response.wsgi_request)
+    ]
+    post_action(client, "requeue", [job.id])
+    assert job_row(job.id)["state"] == "dead"
+
+
+def test_requeue_moves_dead_keeps_errors_and_refuses_others(as_user):
+    dead = enqueue("noop")
+    pending = enqueue("noop")
+    set_state(dead.id, "dead")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE dbqueue_job SET errors = '[{"attempt": 1, "class": "E", "message": "m"}]' WHERE id = %s""",
+            [dead.id],
+        )
+    response = post_action(as_user("requeue_backgroundjob"), "requeue", [dead.id, pending.id])
+    assert texts(response) == [
+        "Requeued 1 job(s).",
+        "1 selected job(s) were left alone: only dead or cancelled jobs can be requeued.",
+    ]
+    row = job_row(dead.id)
+    assert (row["state"], row["attempts"], row["finished_at"]) == ("pending", 0, None)
+    assert row["errors"] == [{"attempt": 1, "class": "E", "message": "m"}]
+
+
+def test_run_now_and_cancel(as_user):
+    later = enqueue("noop", delay=3600)
+    due = enqueue("noop")
+    client = as_user("run_now_backgroundjob", "cancel_backgroundjob")
+    response = post_action(client, "run_now", [later.id, due.id])
+    assert texts(response)[0] == "Made due now 1 job(s)."
+    assert scalar("SELECT run_after <= now() FROM dbqueue_job WHERE id = %s", [later.id])
+    set_state(due.id, "running")
+    response = post_action(client, "cancel", [later.id, due.id])
+    assert texts(response) == [
+        "Cancelled 1 job(s).",
+        "1 selected job(s) were left alone: only pending jobs can be cancelled.",
+    ]
+    assert job_row(later.id)["state"] == "cancelled" and job_row(due.id)["state"] == "running"
+
+
+def test_run_now_and_cancel_without_permission_do_nothing(as_user):
+    later = enqueue("noop", delay=3600)
+    client = as_user("requeue_backgroundjob")
+    for action in ("run_now", "cancel"):
+        post_action(client, action, [later.id])
+    row = job_row(later.id)
+    assert row["state"] == "pending" and row["run_after"] > row["created_at"]
+
+
+def test_filters_search_and_stuck(as_user):
+    stuck = enqueue("noop", idempotency_key="invoice-email:77")
+    set_state(stuck.id, "running")
+    other = enqueue("email")
+    client = as_user()
+    ids = lambda r: [o.id for o in r.context["cl"].result_list]  # noqa: E731
+    assert ids(client.get(reverse(CHANGELIST), {"stuck": "yes"})) == [stuck.id]
+    assert ids(client.get(reverse(CHANGELIST), {"queue": "emails"})) == [other.id]
+    assert ids(client.get(reverse(CHANGELIST), {"type": "email"})) == [other.id]
+    assert ids(client.get(reverse(CHANGELIST), {"state__exact": "running"})) == [stuck.id]
+    assert ids(client.get(reverse(CHANGELIST), {"q": "invoice-email:77"})) == [stuck.id]
+    assert ids(client.get(reverse(CHANGELIST), {"q": str(other.id)})) == [other.id]
+    page = client.get(reverse(CHANGELIST)).content.decode()
+    assert 'id="dbqueue-status"' in page
+
+
+def test_detail_escapes_payload_and_errors(as_user):
+    job = enqueue("noop", {"html": "<script>alert(1)</script>"})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE dbqueue_job SET errors = jsonb_build_array(jsonb_build_object(
+                 'attempt', 1, 'class', '<b>Err</b>', 'message', '<img src=x onerror=alert(2)>',
+                 'traceback', 'Traceback <tb>', 'at', now(), 'worker', 'w')) WHERE id = %s""",
+            [job.id],
+        )
+    page = (
+        as_user()
+        .get(reverse("admin:django_dbqueue_backgroundjob_change", args=[job.id]))
+        .content.decode()
+    )
+    assert (
+        "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    )
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(2)&gt;" in page
+    assert "&lt;b&gt;Err&lt;/b&gt;" in page and "Traceback &lt;tb&gt;" in page
+
+
+def test_dead_letter_view_lists_only_dead_and_requeues(as_user):
+    dead = enqueue("noop")
+    set_state(dead.id, "dead")
+    enqueue("noop")
+    client = as_user("requeue_backgroundjob")
+    url = "admin:django_dbqueue_deadletter_changelist"
+    response = client.get(reverse(url))
+    assert [o.id for o in response.context["cl"].result_list] == [dead.id]
+    post_action(client, "requeue", [dead.id], url=url)
+    assert job_row(dead.id)["state"] == "pending"
+
+
+def test_delivery_admin_settles_unconfirmed_only_with_permission(as_user):
+    unknown = begin_delivery("sms:unknown")
+    sent = begin_delivery("sms:sent")
+    sent.sent("ref-1")
+    url = "admin:django_dbqueue_jobdelivery_changelist"
+    client = as_user()
+    unconfirmed = client.get(reverse(url), {"unconfirmed": "yes"})
+    assert [d.key for d in unconfirmed.context["cl"].result_list] == ["sms:unknown"]
+    ids = [d.id for d in unconfirmed.context["cl"].result_list]
+    post_action(client, "mark_failed", ids, url=url)  # no permission: nothing happens
+    assert begin_delivery("sms:unknown").state == "recorded"
+    client = as_user("settle_jobdelivery")
+    from django_dbqueue.models import JobDelivery
+
+    all_ids = list(JobDelivery.objects.values_list("id", flat=True))
+    response = post_action(client, "mark_failed", all_ids, url=url)
+    assert texts(response)[0] == "Marked 1 delivery record(s) failed."
+    assert "left alone" in texts(response)[1]
+    assert JobDelivery.objects.get(key="sms:unknown").state == "failed"
+    assert JobDelivery.objects.get(key="sms:sent").state == "sent"
+    assert unknown.key == "sms:unknown"
+
+
+def test_changelist_query_count_does_not_grow_with_rows(as_user, django_assert_max_num_queries):
+    client = as_user()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+               max_attempts, lease_seconds, errors, created_at, finished_at)
+               SELECT 'noop', 'default', '{}', 'done', 0, now(), 1, 10, 60, '[]', now(), now()
+               FROM generate_series(1, 20000)"""
+        )
+    with django_assert_max_num_queries(12):
+        response = client.get(reverse(CHANGELIST))
+    assert response.context["cl"].result_count == 10001  # capped, not a full count
+    assert store.status("default") == {}
