@@ -121,6 +121,7 @@ def test_requeue_dead_with_filters_dry_run_and_progress():
     assert "dry run: would requeue 2500 dead job(s) of type 'noop'" in out
     assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'dead'") == 2503
     code, out, _ = run("jobqueue_requeue", "--dead", "--queue", "default")
+    assert code == 0
     assert "requeued 2500 dead job(s) in queue 'default'" in out
     assert "[##########" in out and "2500/2500" in out  # progress on a large requeue
     assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'dead'") == 3
