@@ -13,3 +13,17 @@ class DBQueueConfig(AppConfig):
         from . import checks  # noqa: F401 - registers the system checks
 
         autodiscover_modules("jobs")
+        if self._uses_tasks_backend():
+            from . import tasks  # noqa: F401 - registers the "django.tasks" job type
+
+    @staticmethod
+    def _uses_tasks_backend():
+        import django
+        from django.conf import settings
+
+        tasks = getattr(settings, "TASKS", None) or {}
+        return django.VERSION >= (6, 0) and any(
+            isinstance(options, dict)
+            and options.get("BACKEND") == "django_dbqueue.tasks.DBQueueBackend"
+            for options in tasks.values()
+        )

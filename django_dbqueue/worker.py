@@ -354,6 +354,12 @@ class Worker:
     # ---------------------------------------------------------------------------------------
     def start(self):
         """Start the helper threads (handlers, acks, heartbeat, listener)."""
+        from .apps import DBQueueConfig
+
+        if DBQueueConfig._uses_tasks_backend():
+            from .tasks import discover_tasks
+
+            discover_tasks()  # import every app's tasks.py, so @task functions are known
         for index in range(self.concurrency):
             thread = threading.Thread(
                 target=self._handler_thread, name=f"dbqueue-handler-{index}", daemon=True

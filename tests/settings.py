@@ -1,8 +1,9 @@
 """Django settings for the django-dbqueue test suite.
 
-The database comes from ``DATABASE_URL`` (django-environ syntax; a Unix socket directory is
-written url-encoded as the host, e.g. ``postgres://postgres@%2Fvar%2Frun%2Fpostgresql/postgres``).
-``python3 dev.py test`` finds or starts a server and exports it.
+The database comes from ``DATABASE_URL`` in django-environ's syntax. For a Unix socket, put
+the url-encoded socket directory in the *path*, before the database name (django-environ
+does not decode an encoded host): ``postgres://postgres@/%2Fvar%2Frun%2Fpostgresql/postgres``.
+``python3 dev.py test`` finds or starts a server and exports its URL.
 """
 
 from __future__ import annotations
@@ -21,6 +22,11 @@ DATABASES = {
     # Only for the tests that prove a non-PostgreSQL database is refused; never queried.
     "sqlite": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
 }
+# The database pytest-django creates (and drops). dev.py names it per checkout and Django
+# series, so that two checkouts testing against one server don't drop each other's.
+# Without DBQUEUE_TEST_DATABASE it is Django's default, "test_" + the database name.
+if env.str("DBQUEUE_TEST_DATABASE", default=""):
+    DATABASES["default"]["TEST"] = {"NAME": env.str("DBQUEUE_TEST_DATABASE")}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -89,6 +95,12 @@ DBQUEUE = {
 }
 
 if django.VERSION >= (6, 0):
-    # Django's own default, spelled out so tests of the Tasks integration start from a
-    # known backend; tests that need the dbqueue backend override TASKS themselves.
-    TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+    # Django's Tasks framework runs on the queue; "immediate" is Django's own backend, for the
+    # test that proves a task bound to another backend is never run by a worker.
+    TASKS = {
+        "default": {
+            "BACKEND": "django_dbqueue.tasks.DBQueueBackend",
+            "QUEUES": ["default", "emails"],
+        },
+        "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
+    }

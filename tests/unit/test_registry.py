@@ -81,3 +81,16 @@ def test_async_handlers_are_recognised(cleanup):
 
 def test_jobs_modules_are_discovered():
     assert registry.get("record") is not None  # tests/testapp/jobs.py, found by AppConfig.ready
+
+
+@pytest.mark.skipif(
+    __import__("django").VERSION >= (6, 0),
+    reason="checks the Django 5.2 message; 6.x has django.tasks",
+)
+def test_tasks_module_on_django_5_explains_it_needs_django_6():
+    from django.core.exceptions import ImproperlyConfigured
+
+    with pytest.raises(
+        ImproperlyConfigured, match=r"exists from Django 6.0 on; this project runs Django 5\.2"
+    ):
+        import django_dbqueue.tasks  # noqa: F401

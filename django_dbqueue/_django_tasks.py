@@ -1,0 +1,266 @@
+"""The django.tasks backend; imported through django_dbqueue.tasks, which checks the version."""
+
+import importlib
+from dataclasses import dataclass
+
+from django.apps import apps
+from django.core.checks import Error
+from django.db import connections
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils import timezone
+from django.utils.json import normalize_json
+from django.utils.module_loading import autodiscover_modules
+
+from . import registry
+from .conf import get_settings
+from .enqueue import enqueue
+from .exceptions import DiscardJob
+
+JOB_TYPE = "django.tasks"
+
+# Tasks validated by a DBQueueBackend in this process: module path -> Task.
+_known_tasks: dict[str, Task] = {}
+
+_STATUS = {
+    "pending": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "done": TaskResultStatus.SUCCESSFUL,
+    "dead": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DBQueueTask(Task):
+    """A ``Task`` with django-dbqueue's per-task options: ``@task(max_attempts=5)`` (Django 6.1+)."""
+
+    max_attempts: int | None = None
+
+
+class DBQueueBackend(BaseTaskBackend):
+    """``django.tasks`` backend storing tasks as django-dbqueue jobs.
+
+    ``OPTIONS``: ``{"DATABASE": alias}`` (default ``DBQUEUE["DATABASE"]``).
+    """
+
+    task_class = DBQueueTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        self.database = self.options.get("DATABASE")
+
+    @property
+    def using(self):
+        return self.database or get_settings().DATABASE
+
+    def validate_task(self, task):
+        super().validate_task(task)
+        max_attempts = getattr(task, "max_attempts", None)
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
+            from django.tasks.exceptions import InvalidTask
+
+            raise InvalidTask(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        _known_tasks[task.module_path] = task
+
+    def enqueue(self, task, args, kwargs):
+        """Insert the task as a job, in the transaction open on the queue's database."""
+        self.validate_task(task)
+        payload = {
+            "task": task.module_path,
+            "backend": self.alias,
+            "args": normalize_json(list(args)),
+            "kwargs": normalize_json(dict(kwargs)),
+        }
+        job = enqueue(
+            JOB_TYPE,
+            payload,
+            queue=task.queue_name,
+            priority=task.priority,
+            run_after=task.run_after,
+            max_attempts=getattr(task, "max_attempts", None),
+            using=self.using,
+        )
+        result = TaskResult(
+            task=task,
+            id=str(job.id),
+            status=TaskResultStatus.READY,
+            enqueued_at=timezone.now(),
+            started_at=None,
+            last_attempted_at=None,
+            finished_at=None,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id):
+        try:
+            job_id = int(result_id)
+        except (TypeError, ValueError):
+            raise TaskResultDoesNotExist(result_id) from None
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                "SELECT payload::text, state, created_at, started_at, finished_at, errors::text, "
+                "result::text, worker_id, priority, queue FROM dbqueue_job "
+                "WHERE id = %s AND type = %s",
+                [job_id, JOB_TYPE],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            raise TaskResultDoesNotExist(result_id)
+        return _result_from_row(str(job_id), row, self.alias)
+
+    def check(self, **kwargs):
+        errors = []
+        configured = get_settings().QUEUES
+        for queue in sorted(self.queues):
+            if queue not in configured:
+                errors.append(
+                    Error(
+                        f"TASKS[{self.alias!r}] lists queue {queue!r}, which is not in DBQUEUE['QUEUES'].",
+                        hint=f"Add {queue!r} to DBQUEUE['QUEUES']; no worker would claim its tasks.",
+                        id="dbqueue.E009",
+                    )
+                )
+        return errors
+
+
+def _error_path(name):
+    if name == "LeaseExpired":
+        return "django_dbqueue.exceptions.LeaseExpired"
+    return name if "." in name else f"builtins.{name}"
+
+
+def _loads(text):
+    import json
+
+    return None if text is None else json.loads(text)
+
+
+def _result_from_row(result_id, row, alias, *, task=None):
+    (
+        payload,
+        state,
+        created,
+        started,
+        finished,
+        errors,
+        value,
+        worker,
+        priority,
+        queue,
+    ) = row
+    payload, errors = _loads(payload), _loads(errors) or []
+    if task is None:
+        task = resolve_task(payload.get("task", ""), alias)
+        if task is None:
+            raise TaskResultDoesNotExist(result_id)
+    # One worker id per attempt: failed attempts are in the error history; the running or
+    # successful one is the job's current worker.
+    worker_ids = [e.get("worker") or "" for e in errors]
+    if state in ("running", "done") and worker:
+        worker_ids.append(worker)
+    result = TaskResult(
+        task=task.using(priority=priority, queue_name=queue),
+        id=result_id,
+        status=_STATUS[state],
+        enqueued_at=created,
+        started_at=started,
+        last_attempted_at=started,
+        finished_at=finished,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=alias,
+        errors=[
+            TaskError(
+                exception_class_path=_error_path(e.get("class", "Exception")),
+                traceback=e.get("traceback") or e.get("message", ""),
+            )
+            for e in errors
+        ],
+        worker_ids=worker_ids,
+    )
+    if state == "done":
+        object.__setattr__(result, "_return_value", _loads(value))
+    return result
+
+
+def _importable(module_path):
+    """Only modules inside an installed app may be imported on a row's say-so."""
+    packages = {config.module.__name__ for config in apps.get_app_configs()}
+    return any(module_path == p or module_path.startswith(p + ".") for p in packages)
+
+
+def resolve_task(path, alias):
+    """The ``Task`` a stored path names, if it is a Task bound to a DBQueueBackend; else None."""
+    task = _known_tasks.get(path)
+    if task is None and isinstance(path, str) and "." in path:
+        module_path, _, name = path.rpartition(".")
+        if _importable(module_path):
+            try:
+                module = importlib.import_module(module_path)
+            except ImportError:
+                return None
+            task = getattr(module, name, None)
+    if not isinstance(task, Task):
+        return None
+    backend = task_backends[task.backend] if task.backend in task_backends.settings else None
+    if not isinstance(backend, DBQueueBackend) or task.backend != alias:
+        return None
+    return task
+
+
+def discover_tasks():
+    """Import the ``tasks`` module of every installed app, registering their ``@task``s."""
+    autodiscover_modules("tasks")
+
+
+@registry.job(JOB_TYPE)
+def run_task(ctx):
+    """The handler of every ``django.tasks`` job: resolve, signal, call, signal."""
+    payload = ctx.payload
+    alias = payload.get("backend", "default")
+    task = resolve_task(payload.get("task"), alias)
+    if task is None:
+        raise DiscardJob(
+            f"{payload.get('task')!r} is not a django.tasks Task bound to a DBQueueBackend "
+            f"(alias {alias!r}) in this worker; it was not run. Is its module imported by an "
+            "installed app, and does its @task use that backend?"
+        )
+    backend = task_backends[alias]
+    result = backend.get_result(str(ctx.id))
+    object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+    task_started.send(type(backend), task_result=result)
+    try:
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+        else:
+            value = task.call(*result.args, **result.kwargs)
+        value = normalize_json(value)
+    except BaseException:
+        final = ctx.is_last_attempt
+        object.__setattr__(
+            result, "status", TaskResultStatus.FAILED if final else TaskResultStatus.READY
+        )
+        object.__setattr__(result, "finished_at", timezone.now() if final else None)
+        task_finished.send(type(backend), task_result=result)
+        raise
+    object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+    task_finished.send(type(backend), task_result=result)
+    return value
