@@ -8,6 +8,10 @@ Ids are stable and listed in docs/checks.md:
 - ``dbqueue.E004`` a lease (global or a job type's) not longer than ``HEARTBEAT_INTERVAL``.
 - ``dbqueue.E005`` the queue database is not PostgreSQL.
 - ``dbqueue.E006`` a job type's queue is not in ``QUEUES``.
+- ``dbqueue.E007`` a schedule entry names an unregistered job type.
+- ``dbqueue.E008`` a schedule entry's cron expression or interval is malformed.
+- ``dbqueue.E009`` a ``TASKS`` backend lists a queue that is not in ``QUEUES``.
+- ``dbqueue.E010`` a schedule entry is otherwise invalid (unknown key, payload, queue, ...).
 - ``dbqueue.W001`` a lease shorter than two heartbeat intervals: one late heartbeat loses it.
 - ``dbqueue.W002`` an atomic job type with no timeout, or a long one: its transaction stays open
   for the whole run, holding locks and holding back vacuum.
@@ -81,6 +85,11 @@ _RULES = {
     "DEAD_RETENTION": (
         lambda v: _number(v, minimum=0, allow_none=True),
         "seconds >= 0 or None (keep)",
+    ),
+    "SCHEDULE": (lambda v: isinstance(v, dict), "a dict of schedule name -> entry"),
+    "SCHEDULE_INTERVAL": (
+        lambda v: _number(v, minimum=0, exclusive=True),
+        "a number of seconds > 0",
     ),
 }
 assert set(_RULES) == set(DEFAULTS), "every setting needs a check rule"
@@ -195,7 +204,24 @@ def check_settings(app_configs=None, **kwargs):
                 )
             )
     errors.extend(_check_atomic_timeouts())
+    errors.extend(_check_schedule(conf))
     errors.extend(_check_database(conf))
+    return errors
+
+
+def _check_schedule(conf):
+    from .scheduler import ScheduleError, parse_entry
+
+    errors = []
+    for name, entry in conf.SCHEDULE.items():
+        try:
+            parse_entry(name, entry, conf)
+        except ScheduleError as exc:
+            hint = {
+                "dbqueue.E007": "Register the type with @job in an app's jobs.py, or fix the name.",
+                "dbqueue.E008": "Use a 5-field cron expression ('0 3 * * *') or 'every': seconds.",
+            }.get(exc.check_id, "See docs/periodic.md for the entry's keys.")
+            errors.append(Error(str(exc), hint=hint, id=exc.check_id))
     return errors
 
 

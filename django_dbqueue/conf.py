@@ -33,6 +33,8 @@ DEFAULTS = {
     "DONE_RETENTION": 86400.0,  # seconds a done job is kept; None = forever
     "CANCELLED_RETENTION": 604800.0,  # seconds a cancelled job is kept; None = forever
     "DEAD_RETENTION": None,  # seconds a dead job is kept; None = until a person acts
+    "SCHEDULE": {},  # name -> periodic job entry (docs/periodic.md)
+    "SCHEDULE_INTERVAL": 1.0,  # seconds between each worker's scheduler passes
 }
 
 

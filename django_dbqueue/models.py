@@ -12,7 +12,14 @@ from django.db.models.functions import Now
 
 from .states import FINISHED_STATES, MAX_PRIORITY, MIN_PRIORITY, DeliveryState, JobState
 
-__all__ = ["BackgroundJob", "DeadLetter", "DeliveryState", "JobDelivery", "JobState"]
+__all__ = [
+    "BackgroundJob",
+    "DeadLetter",
+    "DeliveryState",
+    "JobDelivery",
+    "JobState",
+    "ScheduleState",
+]
 
 
 class BackgroundJob(models.Model):
@@ -166,3 +173,18 @@ class JobDelivery(models.Model):
 
     def __str__(self):
         return f"{self.key} ({self.state})"
+
+
+class ScheduleState(models.Model):
+    """The last tick enqueued for one ``DBQUEUE["SCHEDULE"]`` entry (see scheduler.py)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    last_tick = models.DateTimeField()
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "dbqueue_schedule"
+        verbose_name = "schedule state"
+
+    def __str__(self):
+        return f"{self.name} (last tick {self.last_tick})"

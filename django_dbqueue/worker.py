@@ -30,6 +30,7 @@ from .dbretry import DB_ERRORS, reset_connection
 from .deliveries import close_side_connections
 from .exceptions import DiscardJob, RetryJob
 from .notifications import Listener
+from .scheduler import Scheduler
 from .sweeper import Sweeper
 
 logger = logging.getLogger("django_dbqueue")
@@ -111,6 +112,7 @@ class Worker:
         self.claimed_total = 0
         self._min_batch = max(1, (self.concurrency + self.prefetch) // 2)
         self.sweeper = Sweeper(self.using, conf=conf)
+        self.scheduler = Scheduler(self.using, conf=conf)
         self.acks = Acknowledger(
             self.using,
             interval=conf.ACK_INTERVAL,
@@ -405,7 +407,7 @@ class Worker:
         """Run until stopped; returns the process exit code (0 after a graceful stop)."""
         self.start()
         errors = 0
-        next_sweep = time.monotonic()
+        next_sweep = next_schedule = time.monotonic()
         next_status = time.monotonic() + (self.conf.STATUS_INTERVAL or 0)
         last_counts = (0, 0, 0)
         try:
@@ -415,6 +417,9 @@ class Worker:
                     if now >= next_sweep:
                         self.sweeper.run_once()
                         next_sweep = now + self.conf.SWEEP_INTERVAL
+                    if self.scheduler.schedules and now >= next_schedule:
+                        self.scheduler.run_once()
+                        next_schedule = now + self.conf.SCHEDULE_INTERVAL
                     if self.conf.STATUS_INTERVAL and now >= next_status:
                         last_counts = self._status_line(last_counts)
                         next_status = now + self.conf.STATUS_INTERVAL
@@ -446,7 +451,10 @@ class Worker:
                     # Full: wait for enough capacity to make the next claim a real batch.
                     self._wakeup.wait(0.5)
                 else:
-                    self._wakeup.wait(self.poll_interval)
+                    idle = self.poll_interval
+                    if self.scheduler.schedules:
+                        idle = min(idle, max(0.0, next_schedule - time.monotonic()))
+                    self._wakeup.wait(idle)
         finally:
             self._shutdown()
         return 0

@@ -245,3 +245,35 @@ def test_claim_loop_query_count_is_pinned(fast_settings):
         claimed, asked = worker.run_once()
     assert (claimed, asked) == (4, 4)  # concurrency 2 + prefetch 2
     assert len(queries) == 1
+
+
+def test_async_handlers_run_concurrently_with_sync_ones(start_worker):
+    from django_dbqueue import job, registry
+
+    @job("async-slow")
+    async def async_slow(ctx):
+        import asyncio
+        import time
+
+        started = time.time()
+        await asyncio.sleep(0.5)
+        return {"start": started, "end": time.time()}
+
+    @job("sync-stamp")
+    def sync_stamp(ctx):
+        import time
+
+        return {"at": time.time()}
+
+    try:
+        start_worker(concurrency=4)
+        slow = enqueue("async-slow")
+        wait_state(slow.id, "running")
+        quick = [enqueue("sync-stamp") for _ in range(3)]
+        slow_row = wait_state(slow.id, "done")
+        stamps = [wait_state(j.id, "done")["result"]["at"] for j in quick]
+        window = slow_row["result"]
+        assert all(window["start"] < at < window["end"] for at in stamps), (window, stamps)
+    finally:
+        registry.unregister("async-slow")
+        registry.unregister("sync-stamp")

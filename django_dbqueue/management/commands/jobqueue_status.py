@@ -3,7 +3,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from django_dbqueue import store
+from django_dbqueue import scheduler, store
 from django_dbqueue.conf import get_settings
 
 
@@ -90,16 +90,29 @@ class Command(BaseCommand):
                 f"oldest due job waited {totals['oldest_due_seconds']:.0f}s (threshold {limit:g}s)"
             )
 
+        schedule_rows = [
+            {
+                "name": name,
+                "last_tick": last and last.isoformat(),
+                "next_tick": nxt and nxt.isoformat(),
+            }
+            for name, last, nxt in scheduler.status(conf.DATABASE)
+        ]
         if options["json"]:
-            self.stdout.write(
-                json.dumps(
-                    {"queues": per_queue, "totals": totals, "failures": failures},
-                    indent=2,
-                    sort_keys=True,
-                )
-            )
+            report = {
+                "queues": per_queue,
+                "totals": totals,
+                "schedules": schedule_rows,
+                "failures": failures,
+            }
+            self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
         else:
             self._table(per_queue, totals)
+            for row in schedule_rows:
+                self.stdout.write(
+                    f"schedule {row['name']}: last tick {row['last_tick'] or 'never'}, "
+                    f"next tick {row['next_tick'] or 'none'}"
+                )
             for failure in failures:
                 self.stderr.write(f"FAIL: {failure}")
             if not failures:

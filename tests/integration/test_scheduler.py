@@ -1,0 +1,172 @@
+"""Periodic jobs: tick arithmetic, exactly one job per tick with several schedulers at once,
+the catch-up policy after downtime, checks and the status listing."""
+
+import datetime
+import threading
+
+import pytest
+from django.db import connection
+
+from django_dbqueue.checks import check_settings
+from django_dbqueue.scheduler import Schedule, Scheduler
+from tests.utils import scalar
+
+UTC = datetime.UTC
+
+
+def at(*args):
+    return datetime.datetime(*args, tzinfo=UTC)
+
+
+def test_interval_ticks_are_epoch_aligned_so_every_worker_agrees():
+    s = Schedule(name="s", type="noop", every=15)
+    ticks = s.ticks_between(at(2026, 1, 1, 0, 0, 7), at(2026, 1, 1, 0, 1, 0), 100)
+    assert ticks == [
+        at(2026, 1, 1, 0, 0, 15),
+        at(2026, 1, 1, 0, 0, 30),
+        at(2026, 1, 1, 0, 0, 45),
+        at(2026, 1, 1, 0, 1, 0),
+    ]
+    assert s.ticks_before(at(2026, 1, 1, 0, 1, 5), 2, at(2020, 1, 1)) == [
+        at(2026, 1, 1, 0, 0, 45),
+        at(2026, 1, 1, 0, 1, 0),
+    ]
+
+
+def test_cron_ticks_in_the_schedule_timezone():
+    s = Schedule(name="s", type="noop", cron="0 3 * * *", timezone="Europe/Amsterdam")
+    ticks = s.ticks_between(at(2026, 7, 1), at(2026, 7, 3), 10)
+    assert ticks == [at(2026, 7, 1, 1), at(2026, 7, 2, 1)]  # 03:00 CEST is 01:00 UTC
+    assert s.ticks_before(at(2026, 7, 3), 1, at(2026, 1, 1)) == [at(2026, 7, 2, 1)]
+    assert s.next_tick(at(2026, 7, 2, 1)) == at(2026, 7, 3, 1)
+
+
+def set_last_tick(name, seconds_ago):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO dbqueue_schedule (name, last_tick, updated_at) VALUES (%s, now() - %s * interval '1 second', now()) "
+            "ON CONFLICT (name) DO UPDATE SET last_tick = EXCLUDED.last_tick",
+            [name, seconds_ago],
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_first_pass_starts_from_now_then_enqueues_each_tick_once(settings):
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {"beat": {"every": 60, "type": "noop"}},
+    }
+    scheduler = Scheduler()
+    assert scheduler.run_once() == {"enqueued": 0, "skipped": 0}
+    set_last_tick("beat", 150)  # two ticks and a bit ago
+    assert scheduler.run_once()["enqueued"] in (2, 3)
+    assert scheduler.run_once() == {"enqueued": 0, "skipped": 0}
+    keys = scalar("SELECT array_agg(idempotency_key) FROM dbqueue_job")
+    assert all(k.startswith("dbqueue-schedule:beat:") for k in keys)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_catch_up_after_downtime_follows_the_policy(settings):
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {
+            "hourly-report": {"every": 3600, "type": "noop", "catch_up": 2, "misfire_grace": 60},
+            "none-missed": {"every": 3600, "type": "noop", "catch_up": 0, "misfire_grace": 60},
+        },
+    }
+    set_last_tick("hourly-report", 10 * 3600 + 120)  # ten hours down
+    set_last_tick("none-missed", 10 * 3600 + 120)
+    counts = Scheduler().run_once()
+    hourly = scalar(
+        "SELECT count(*) FROM dbqueue_job WHERE idempotency_key LIKE 'dbqueue-schedule:hourly-report:%%'"
+    )
+    none = scalar(
+        "SELECT count(*) FROM dbqueue_job WHERE idempotency_key LIKE 'dbqueue-schedule:none-missed:%%'"
+    )
+    # Unless an hour boundary fell in the last 60 s (then it is on time and runs too):
+    assert hourly in (2, 3) and none in (0, 1)
+    # Ten (or eleven) hourly ticks were missed by each: 2 caught up by one, none by the other.
+    assert 16 <= counts["skipped"] <= 20
+
+
+@pytest.mark.django_db(transaction=True)
+def test_three_schedulers_racing_make_exactly_one_job_per_tick(settings):
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {"fast": {"every": 1, "type": "noop", "misfire_grace": 600}},
+    }
+    set_last_tick("fast", 300)  # 300 one-second ticks are due, all on time
+    barrier = threading.Barrier(3)
+
+    def run():
+        barrier.wait(10)
+        for _ in range(5):
+            Scheduler().run_once()
+        connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    count, distinct = scalar(
+        "SELECT ARRAY[count(*), count(DISTINCT idempotency_key)] FROM dbqueue_job"
+    )
+    assert count == distinct and 300 <= count <= 306
+
+
+@pytest.mark.parametrize(
+    ("entry", "check_id", "fragment"),
+    [
+        ({"every": 60, "type": "nope"}, "dbqueue.E007", "names job type 'nope'"),
+        ({"cron": "61 * * * *", "type": "noop"}, "dbqueue.E008", "not a valid cron expression"),
+        ({"type": "noop"}, "dbqueue.E008", "exactly one of 'cron'"),
+        ({"every": 0.5, "type": "noop"}, "dbqueue.E008", "seconds >= 1"),
+        (
+            {"every": 60, "type": "noop", "queue": "nope"},
+            "dbqueue.E010",
+            "not in DBQUEUE['QUEUES']",
+        ),
+        (
+            {"every": 60, "type": "noop", "payload": {"d": datetime.date.today()}},
+            "dbqueue.E010",
+            'payload\']["d"]',
+        ),
+        ({"every": 60, "type": "noop", "colour": 1}, "dbqueue.E010", "unknown keys ['colour']"),
+        (
+            {"every": 60, "type": "noop", "timezone": "Mars/Olympus"},
+            "dbqueue.E010",
+            "not a known time zone",
+        ),
+    ],
+)
+def test_schedule_checks(entry, check_id, fragment, settings):
+    settings.DBQUEUE = {"QUEUES": {"default": {}, "emails": {}}, "SCHEDULE": {"x": entry}}
+    errors = check_settings()
+    assert [e.id for e in errors] == [check_id]
+    assert fragment in errors[0].msg
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_lists_schedules_with_last_and_next_tick(settings):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {"nightly": {"cron": "0 3 * * *", "type": "noop"}},
+    }
+    out = io.StringIO()
+    call_command("jobqueue_status", "--json", stdout=out)
+    (row,) = json.loads(out.getvalue())["schedules"]
+    assert (
+        row["name"] == "nightly"
+        and row["last_tick"] is None
+        and row["next_tick"].endswith("03:00:00+00:00")
+    )
+    Scheduler().run_once()
+    out = io.StringIO()
+    call_command("jobqueue_status", stdout=out)
+    assert "schedule nightly: last tick 20" in out.getvalue()
