@@ -5,6 +5,7 @@ The public API is what ``__all__`` lists; everything else may change between rel
 
 from .backoff import Backoff
 from .context import JobContext
+from .deliveries import Delivery, DeliveryFailed, begin_delivery, deliver, settle_delivery
 from .enqueue import EnqueuedJob, enqueue, enqueue_many
 from .exceptions import (
     DBQueueError,
@@ -23,6 +24,8 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "Backoff",
     "DBQueueError",
+    "Delivery",
+    "DeliveryFailed",
     "DiscardJob",
     "EnqueueError",
     "EnqueuedJob",
@@ -32,7 +35,10 @@ __all__ = [
     "RetryJob",
     "UnknownJobType",
     "UnsupportedDatabase",
+    "begin_delivery",
+    "deliver",
     "enqueue",
     "enqueue_many",
     "job",
+    "settle_delivery",
 ]

@@ -11,7 +11,6 @@ import json
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
 from django.db import DatabaseError
-from django.db.models import F
 from django.db.models.functions import Now
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
@@ -297,7 +296,7 @@ class JobDeliveryAdmin(admin.ModelAdmin):
     def _settle(self, request, queryset, state, note):
         selected = list(queryset.values_list("id", flat=True))
         moved = JobDelivery.objects.filter(id__in=selected, state=DeliveryState.RECORDED).update(
-            state=state, error=F("error") if state == DeliveryState.SENT else note, updated_at=Now()
+            state=state, error=note, updated_at=Now()
         )
         if moved:
             self.message_user(

@@ -37,9 +37,8 @@ from . import sql
 from .conf import get_settings
 from .exceptions import DBQueueError
 from .notifications import connection_params
-from .states import DeliveryState
 
-__all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver"]
+__all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
 
 _side = threading.local()
 
@@ -91,9 +90,11 @@ class Delivery:
     """The outcome of :func:`begin_delivery`.
 
     ``proceed``: True when this caller holds the record and must now perform the effect, then
-    call :meth:`sent` or :meth:`failed`. False when the effect was already sent (``state ==
-    "sent"``) or attempted with an unknown outcome (``state == "recorded"``): do not perform it.
-    ``key`` is the delivery key; pass it to providers that accept an idempotency key.
+    call :meth:`sent` or :meth:`failed`. False when the effect was already sent (``is_sent``) or
+    attempted with an unknown outcome (``unconfirmed``): do not perform it. ``key`` is the
+    delivery key; pass it to providers that accept an idempotency key. ``job_id``, ``attempt``
+    and ``updated_at`` say which run holds it and since when (``updated_at`` is ``None`` for a
+    record this call created), so a handler can tell an attempt still in flight from a stale one.
     """
 
     key: str
@@ -101,37 +102,68 @@ class Delivery:
     state: str
     provider_reference: str = ""
     error: str = ""
+    job_id: int | None = None
+    attempt: int = 0
+    updated_at: object = None
     using: str = "default"
     settled: bool = False
 
-    def sent(self, reference=""):
-        """Record that the provider performed the effect (``reference``: its id for it)."""
-        return self._settle(DeliveryState.SENT, reference=str(reference or ""), error="")
-
-    def failed(self, error=""):
-        """Record that the effect definitely did not happen; a later attempt may try again."""
-        return self._settle(DeliveryState.FAILED, reference="", error=str(error))
+    @property
+    def is_sent(self):
+        return self.state == "sent"
 
     @property
     def unconfirmed(self):
-        """Attempted before with an unknown outcome: a person has to look."""
-        return not self.proceed and self.state == DeliveryState.RECORDED
+        """Attempted before with an unknown outcome: a person (or a reconciler) has to look."""
+        return not self.proceed and self.state == "recorded"
+
+    def sent(self, reference=""):
+        """Record that the provider performed the effect (``reference``: its id for it).
+
+        Returns False, and reloads ``state``, if the record was settled by someone else meanwhile.
+        """
+        return self._settle("sent", reference=str(reference or ""), error="")
+
+    def failed(self, error=""):
+        """Record that the effect definitely did not happen; a later attempt may try again."""
+        return self._settle("failed", reference="", error=str(error))
 
     def _settle(self, state, *, reference, error):
         if not self.proceed:
             raise DBQueueError(
-                f"delivery {self.key!r} is not held by this caller (state {self.state!r}); "
-                "only a delivery that begin_delivery() let proceed can be settled"
+                f"delivery {self.key!r} is not held by this caller (state {self.state!r}); use "
+                "settle_delivery() to settle an unconfirmed delivery from outside its job"
             )
-        rows = _run(
-            self.using,
-            sql.SETTLE_DELIVERY,
-            {"key": self.key, "state": state, "reference": reference, "error": error},
-        )
         self.settled = True
-        if rows:
+        if settle_delivery(self.key, state, reference=reference, error=error, using=self.using):
             self.state, self.provider_reference, self.error = state, reference, error
-        return bool(rows)
+            return True
+        current = _load(self.key, self.using)
+        if current is not None:
+            self.state, self.provider_reference, self.error = current[1], current[2], current[3]
+        return False
+
+
+def settle_delivery(key, state, *, reference="", error="", using=None):
+    """Settle an unconfirmed (``recorded``) delivery: ``state`` is ``"sent"`` or ``"failed"``.
+
+    For reconcilers, webhooks and people: whoever learns the outcome of an effect whose worker
+    never confirmed it. Returns True if the record moved, False if it was not ``recorded``.
+    """
+    _check_key(key)
+    if state not in ("sent", "failed"):
+        raise ValueError(f"a delivery is settled as 'sent' or 'failed', got {state!r}")
+    rows = _run(
+        using or get_settings().DATABASE,
+        sql.SETTLE_DELIVERY,
+        {"key": key, "state": state, "reference": str(reference or ""), "error": str(error or "")},
+    )
+    return bool(rows)
+
+
+def _load(key, using):
+    rows = _run(using, sql.SELECT_DELIVERY, {"key": key})
+    return rows[0] if rows else None
 
 
 def _check_key(key):
@@ -155,23 +187,36 @@ def begin_delivery(key, *, ctx=None, using=None):
         "attempt": getattr(ctx, "attempt", 0),
     }
     if _run(using, sql.BEGIN_DELIVERY, params):
-        return Delivery(key, True, DeliveryState.RECORDED, using=using)
-    rows = _run(using, sql.SELECT_DELIVERY, {"key": key})
-    if not rows:  # pragma: no cover - deleted between the two statements
+        return Delivery(
+            key, True, "recorded", job_id=params["job_id"], attempt=params["attempt"], using=using
+        )
+    row = _load(key, using)
+    if row is None:  # pragma: no cover - deleted between the two statements
         return begin_delivery(key, ctx=ctx, using=using)
-    _, state, reference, error, _, _ = rows[0]
-    return Delivery(key, False, state, provider_reference=reference, error=error, using=using)
+    _, state, reference, error, job_id, attempt, _, updated_at = row
+    return Delivery(
+        key,
+        False,
+        str(state),
+        provider_reference=reference,
+        error=error,
+        job_id=job_id,
+        attempt=attempt,
+        updated_at=updated_at,
+        using=using,
+    )
 
 
 @contextlib.contextmanager
-def deliver(ctx, key, *, using=None):
+def deliver(ctx, key, *, using=None, sent_on_exit=True):
     """``with deliver(ctx, key) as delivery:`` — :func:`begin_delivery` plus settling.
 
     Inside the block, do the effect only when ``delivery.proceed``. On leaving the block:
-    normally, a held delivery not yet settled is marked ``sent``; by :class:`DeliveryFailed`, it
-    is marked ``failed`` and the exception propagates (the job retries); by any other exception
-    it stays ``recorded``, because whether the provider acted is unknown, and a retry will not
-    send it again.
+    normally, a held delivery not yet settled is marked ``sent`` (unless ``sent_on_exit`` is
+    False: then settle it yourself); by :class:`DeliveryFailed`, it is marked ``failed`` and the
+    exception propagates (the job retries); by any other exception it stays ``recorded``,
+    because whether the provider acted is unknown, and a retry will not send it again. So
+    prepare everything that can fail (templates, lookups) *before* the ``with``.
     """
     delivery = begin_delivery(key, ctx=ctx, using=using)
     try:
@@ -181,5 +226,5 @@ def deliver(ctx, key, *, using=None):
             delivery.failed(str(exc) or type(exc).__name__)
         raise
     else:
-        if delivery.proceed and not delivery.settled:
+        if sent_on_exit and delivery.proceed and not delivery.settled:
             delivery.sent()

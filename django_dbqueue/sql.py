@@ -192,13 +192,14 @@ INSERT INTO dbqueue_delivery (key, state, job_id, attempt, provider_reference, e
 VALUES (%(key)s, 'recorded', %(job_id)s, %(attempt)s, '', '', now(), now())
 ON CONFLICT (key) DO UPDATE
     SET state = 'recorded', job_id = EXCLUDED.job_id, attempt = EXCLUDED.attempt,
-        updated_at = now()
+        provider_reference = '', error = '', updated_at = now()
     WHERE dbqueue_delivery.state = 'failed'
 RETURNING id
 """
 
 SELECT_DELIVERY = """
-SELECT id, state, provider_reference, error, job_id, attempt FROM dbqueue_delivery WHERE key = %(key)s
+SELECT id, state, provider_reference, error, job_id, attempt, created_at, updated_at
+FROM dbqueue_delivery WHERE key = %(key)s
 """
 
 # Settle a recorded delivery: sent (with the provider's reference) or failed (with the error).

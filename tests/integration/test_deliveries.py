@@ -11,6 +11,7 @@ from django_dbqueue.deliveries import (
     begin_delivery,
     close_side_connections,
     deliver,
+    settle_delivery,
 )
 from django_dbqueue.exceptions import DBQueueError
 from django_dbqueue.sweeper import Sweeper
@@ -192,3 +193,29 @@ def test_atomic_handler_that_lost_its_lease_leaves_no_rows(start_worker, fast_se
     effects = list(Effect.objects.filter(job_id=job.id).values_list("attempt", flat=True))
     assert effects == [2]
     assert job_row(job.id)["attempts"] == 2
+
+
+def test_settle_delivery_from_outside_the_job_and_fields_exposed():
+    held = begin_delivery("charge:9")
+    assert (held.job_id, held.attempt, held.updated_at) == (None, 0, None)
+    again = begin_delivery("charge:9")
+    assert again.unconfirmed and again.updated_at is not None
+    assert settle_delivery("charge:9", "sent", reference="ch_1")
+    assert not settle_delivery("charge:9", "failed")  # only a recorded delivery moves
+    assert begin_delivery("charge:9").is_sent
+    # The holder's own confirmation now reports the truth instead of pretending.
+    assert held.sent("ch_other") is False and held.state == "sent"
+    with pytest.raises(ValueError, match="settled as 'sent' or 'failed'"):
+        settle_delivery("charge:9", "done")
+
+
+def test_retry_of_a_failed_delivery_clears_the_old_error():
+    begin_delivery("k:stale").failed("card declined")
+    assert begin_delivery("k:stale").proceed
+    assert delivery("k:stale")[:3] == ("recorded", "", "")
+
+
+def test_sent_on_exit_false_leaves_settling_to_the_handler():
+    with deliver(None, "k:manual", sent_on_exit=False) as d:
+        assert d.proceed
+    assert delivery("k:manual")[0] == "recorded"
