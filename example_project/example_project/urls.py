@@ -1,0 +1,8 @@
+from django.contrib import admin
+from django.urls import path
+from shop import views
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("invoices/", views.invoices, name="invoices"),
+]
