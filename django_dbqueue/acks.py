@@ -21,13 +21,14 @@ logger = logging.getLogger("django_dbqueue")
 
 
 class Acknowledger(threading.Thread):
-    def __init__(self, using, *, interval, batch, worker_id, stop_event):
+    def __init__(self, using, *, interval, batch, worker_id, stop_event, on_db_error=None):
         super().__init__(name="dbqueue-acks", daemon=True)
         self.using = using
         self.interval = interval
         self.batch = batch
         self.worker_id = worker_id
         self.stop_event = stop_event
+        self.on_db_error = on_db_error or (lambda: None)
         self._cond = threading.Condition()
         self._done = []  # (ctx, result_json)
         self._failed = []  # (ctx, error dict, delay, dead)
@@ -110,6 +111,7 @@ class Acknowledger(threading.Thread):
                     failed.pop(0)
             except DB_ERRORS as exc:
                 attempt += 1
+                self.on_db_error()
                 reset_connection(self.using)
                 delay = min(5.0, 0.05 * 2**attempt)
                 logger.warning(

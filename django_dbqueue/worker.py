@@ -109,6 +109,9 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._signals = 0
         self._releasing = False  # set on a stop: unstarted jobs go back instead of running
+        # Bumped whenever a worker thread hits a lost connection: handler threads then check
+        # their own connection before the next job, instead of failing one job on it each.
+        self.db_error_epoch = 0
         self.claimed_total = 0
         self._min_batch = max(1, (self.concurrency + self.prefetch) // 2)
         self.sweeper = Sweeper(self.using, conf=conf)
@@ -119,6 +122,7 @@ class Worker:
             batch=conf.ACK_BATCH,
             worker_id=self.worker_id,
             stop_event=self.stopped,
+            on_db_error=self.note_db_error,
         )
         self.listener = None
 
@@ -165,13 +169,20 @@ class Worker:
     # ---------------------------------------------------------------------------------------
     # Handler threads
     # ---------------------------------------------------------------------------------------
+    def note_db_error(self):
+        self.db_error_epoch += 1
+
     def _handler_thread(self):
         loop = None
+        seen_epoch = self.db_error_epoch
         try:
             while True:
                 entry = self._work.get()
                 if entry is None:
                     return
+                if seen_epoch != self.db_error_epoch:
+                    seen_epoch = self.db_error_epoch
+                    self._drop_broken_connections()
                 if self._releasing and entry.started is None:
                     # Claimed but not started before shutdown: hand it back untouched.
                     self._finish(entry, released=True)
@@ -216,6 +227,8 @@ class Worker:
         except DiscardJob as exc:
             self._failed(entry, exc, delay=0, dead=True)
         except Exception as exc:
+            if isinstance(exc, DB_ERRORS):
+                self.note_db_error()
             self._failed(entry, exc, delay=registry.retry_delay(job_type, ctx.attempt, self.conf))
         else:
             if job_type.atomic:
@@ -246,6 +259,12 @@ class Worker:
             return  # the timeout or the sweeper already recorded this attempt's end
         record = error_record(exc, attempt=entry.ctx.attempt, worker_id=self.worker_id)
         self.acks.fail(entry.ctx, record, delay=delay, dead=dead)
+
+    @staticmethod
+    def _drop_broken_connections():
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is not None and not connection.is_usable():
+                connection.close()
 
     def _cleanup_connections(self):
         # A handler that broke its connection must not pass the breakage to the next job.
@@ -296,6 +315,7 @@ class Worker:
                     failures = 0
                 except DB_ERRORS as exc:
                     failures += 1
+                    self.note_db_error()
                     reset_connection(self.using)
                     logger.warning("dbqueue heartbeat failed (%s); retrying", exc)
                     next_beat = time.monotonic() + min(interval, 0.5 * failures)
@@ -428,6 +448,7 @@ class Worker:
                     errors = 0
                 except DB_ERRORS as exc:
                     errors += 1
+                    self.note_db_error()
                     reset_connection(self.using)
                     delay = min(5.0, 0.1 * 2**errors)
                     logger.warning(

@@ -1,8 +1,8 @@
 """Django settings for the django-dbqueue test suite.
 
-The database comes from ``DATABASE_URL`` in django-environ's syntax. For a Unix socket, put
-the url-encoded socket directory in the *path*, before the database name (django-environ
-does not decode an encoded host): ``postgres://postgres@/%2Fvar%2Frun%2Fpostgresql/postgres``.
+The database comes from ``DATABASE_URL`` in django-environ's syntax. For a Unix socket, put the
+url-encoded socket directory in the *path*, before the database name (django-environ does not
+decode an encoded host): ``postgres://postgres@:5432/%2Fvar%2Frun%2Fpostgresql/postgres``.
 ``python3 dev.py test`` finds or starts a server and exports its URL.
 """
 
