@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 from django.apps import apps
 from django.core.checks import Error
-from django.db import connections
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -15,7 +14,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
 
-from . import registry
+from . import registry, store
 from .conf import get_settings
 from .enqueue import enqueue
 from .exceptions import DiscardJob
@@ -112,14 +111,7 @@ class DBQueueBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(
-                "SELECT payload::text, state, created_at, started_at, finished_at, errors::text, "
-                "result::text, worker_id, priority, queue FROM dbqueue_job "
-                "WHERE id = %s AND type = %s",
-                [job_id, JOB_TYPE],
-            )
-            row = cursor.fetchone()
+        row = store.task_result_row(self.using, job_id, JOB_TYPE)
         if row is None:
             raise TaskResultDoesNotExist(result_id)
         return _result_from_row(str(job_id), row, self.alias)
@@ -140,6 +132,7 @@ class DBQueueBackend(BaseTaskBackend):
 
 
 def _error_path(name):
+    """Our error classes are short for builtins; TaskError wants an importable path."""
     if name == "LeaseExpired":
         return "django_dbqueue.exceptions.LeaseExpired"
     return name if "." in name else f"builtins.{name}"

@@ -7,7 +7,6 @@ survive a lost connection: a flush that fails is kept and retried, fenced, once 
 back, so a connection blip does not make finished work run again.
 """
 
-import json
 import logging
 import threading
 import time
@@ -39,8 +38,8 @@ class Acknowledger(threading.Thread):
         self.dead = 0
 
     # -- called by handler threads -------------------------------------------------------------
-    def succeed(self, ctx, result=None):
-        result_json = None if result is None else json.dumps(result)
+    def succeed(self, ctx, result_json=None):
+        """Buffer a success; ``result_json`` is the handler's return value, already encoded."""
         with self._cond:
             self._done.append((ctx, result_json))
             if len(self._done) == 1 or len(self._done) >= self.batch:
@@ -55,15 +54,18 @@ class Acknowledger(threading.Thread):
         """An atomic handler committed its own completion: count it and send the signal."""
         with self._cond:
             self.succeeded += 1
-        if signals.job_succeeded.has_listeners():
-            signals.job_succeeded.send(
-                ctx.type,
-                job_id=ctx.id,
-                job_type=ctx.type,
-                queue=ctx.queue,
-                attempt=ctx.attempt,
-                worker_id=self.worker_id,
-            )
+        self._signal(signals.job_succeeded, ctx)
+
+    def _signal(self, signal, ctx, **extra):
+        signals.send(
+            signal,
+            ctx.type,
+            job_id=ctx.id,
+            queue=ctx.queue,
+            attempt=ctx.attempt,
+            worker_id=self.worker_id,
+            **extra,
+        )
 
     def pending(self):
         with self._cond:
@@ -126,7 +128,6 @@ class Acknowledger(threading.Thread):
     def _write_done(self, done):
         matched = store.complete(self.using, [(c.id, c.attempt, r) for c, r in done])
         self.succeeded += len(matched)
-        send = signals.job_succeeded.has_listeners()
         for ctx, _ in done:
             if ctx.id not in matched:
                 self.fenced += 1
@@ -137,15 +138,8 @@ class Acknowledger(threading.Thread):
                     ctx.type,
                     ctx.attempt,
                 )
-            elif send:
-                signals.job_succeeded.send(
-                    ctx.type,
-                    job_id=ctx.id,
-                    job_type=ctx.type,
-                    queue=ctx.queue,
-                    attempt=ctx.attempt,
-                    worker_id=self.worker_id,
-                )
+            else:
+                self._signal(signals.job_succeeded, ctx)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug(
                     "dbqueue succeeded job=%s type=%s attempt=%s", ctx.id, ctx.type, ctx.attempt
@@ -155,14 +149,6 @@ class Acknowledger(threading.Thread):
         state = store.fail(
             self.using, job_id=ctx.id, attempt=ctx.attempt, error=error, delay=delay, dead=dead
         )
-        common = {
-            "job_id": ctx.id,
-            "job_type": ctx.type,
-            "queue": ctx.queue,
-            "attempt": ctx.attempt,
-            "worker_id": self.worker_id,
-            "error": error,
-        }
         if state is None:
             self.fenced += 1
             logger.warning(
@@ -182,7 +168,7 @@ class Acknowledger(threading.Thread):
                 error["class"],
                 error["message"],
             )
-            signals.job_dead.send(ctx.type, **common)
+            self._signal(signals.job_dead, ctx, error=error)
         else:
             self.failed += 1
             logger.warning(
@@ -195,4 +181,4 @@ class Acknowledger(threading.Thread):
                 error["class"],
                 error["message"],
             )
-            signals.job_failed.send(ctx.type, retry_in=delay, **common)
+            self._signal(signals.job_failed, ctx, error=error, retry_in=delay)

@@ -185,6 +185,15 @@ def check_settings(app_configs=None, **kwargs):
         return errors
     conf = Settings({k: v for k, v in user.items() if k in DEFAULTS})
     errors.extend(_check_leases(conf))
+    if conf.BACKOFF_CAP < conf.BACKOFF_BASE:
+        errors.append(
+            _error(
+                "E003",
+                f"{SETTING_NAME}['BACKOFF_CAP'] ({conf.BACKOFF_CAP:g}s) is smaller than BACKOFF_BASE "
+                f"({conf.BACKOFF_BASE:g}s).",
+                hint="The cap is the largest retry delay; make it at least BACKOFF_BASE.",
+            )
+        )
     if conf.DEFAULT_QUEUE not in conf.QUEUES:
         errors.append(
             _error(

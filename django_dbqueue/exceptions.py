@@ -27,6 +27,10 @@ class UnsupportedDatabase(DBQueueError, ImproperlyConfigured):
     """The database alias is not PostgreSQL."""
 
 
+class LeaseExpired(DBQueueError):
+    """Recorded (by the sweeper) for an attempt whose worker stopped renewing its lease."""
+
+
 class RetryJob(Exception):
     """Raise from a handler to retry after ``delay`` seconds instead of the type's backoff.
 

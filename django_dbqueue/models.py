@@ -83,6 +83,12 @@ class BackgroundJob(models.Model):
             models.CheckConstraint(
                 condition=Q(lease_seconds__gt=0), name="dbqueue_job_lease_positive"
             ),
+            # A pending job always has an attempt left: a claim can never push attempts past
+            # max_attempts (which would break the CHECK above and stop the claim for everyone).
+            models.CheckConstraint(
+                condition=~Q(state=JobState.PENDING) | Q(attempts__lt=models.F("max_attempts")),
+                name="dbqueue_job_pending_has_attempts_left",
+            ),
             # At most one job per idempotency key, whatever its state.
             models.UniqueConstraint(
                 fields=["idempotency_key"],

@@ -21,9 +21,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from django.conf import settings
-from django.db import connections, transaction
+from django.db import transaction
 
-from . import payloads, registry
+from . import payloads, registry, store
 from .conf import get_settings
 from .enqueue import enqueue
 from .states import MAX_PRIORITY, MIN_PRIORITY
@@ -31,6 +31,7 @@ from .states import MAX_PRIORITY, MIN_PRIORITY
 logger = logging.getLogger("django_dbqueue")
 
 MAX_ON_TIME_TICKS = 1000  # per entry and pass: a bound on work, whatever the schedule
+MAX_MISSED_COUNTED = 10_000  # missed ticks counted for the log line, at most
 
 _ENTRY_KEYS = {
     "cron",
@@ -228,17 +229,8 @@ class Scheduler:
         return counts
 
     def _tick(self, schedule):
-        with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO dbqueue_schedule (name, last_tick, updated_at) VALUES (%s, now(), now()) "
-                "ON CONFLICT (name) DO NOTHING",
-                [schedule.name],
-            )
-            cursor.execute(
-                "SELECT last_tick, now() FROM dbqueue_schedule WHERE name = %s FOR UPDATE SKIP LOCKED",
-                [schedule.name],
-            )
-            row = cursor.fetchone()
+        with transaction.atomic(using=self.using):
+            row = store.lock_schedule(self.using, schedule.name)
             if row is None:
                 return 0, 0  # another worker is ticking this entry right now
             last_tick, now = row
@@ -247,13 +239,14 @@ class Scheduler:
             late, skipped = [], 0
             if last_tick < horizon:
                 late = schedule.ticks_before(horizon, schedule.catch_up, last_tick)
-                missed = schedule.ticks_between(last_tick, horizon, 100_000)
+                missed = schedule.ticks_between(last_tick, horizon, MAX_MISSED_COUNTED)
                 skipped = len(missed) - len(late)
                 if skipped:
                     logger.warning(
-                        "dbqueue schedule %r: skipped %d missed ticks from %s to %s (catch_up=%d)",
+                        "dbqueue schedule %r: skipped %d%s missed ticks from %s to %s (catch_up=%d)",
                         schedule.name,
                         skipped,
+                        "+" if len(missed) >= MAX_MISSED_COUNTED else "",
                         missed[0].isoformat(),
                         missed[-1].isoformat(),
                         schedule.catch_up,
@@ -270,10 +263,7 @@ class Scheduler:
                 )
             newest = due[-1] if due else (horizon if last_tick < horizon else None)
             if newest is not None:
-                cursor.execute(
-                    "UPDATE dbqueue_schedule SET last_tick = %s, updated_at = now() WHERE name = %s",
-                    [newest, schedule.name],
-                )
+                store.advance_schedule(self.using, schedule.name, newest)
             return len(due), skipped
 
 
@@ -281,11 +271,7 @@ def status(using=None):
     """``[(name, last_tick, next_tick)]`` for the status command."""
     conf = get_settings()
     using = using or conf.DATABASE
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT name, last_tick FROM dbqueue_schedule")
-        last = dict(cursor.fetchall())
-        cursor.execute("SELECT now()")
-        now = cursor.fetchone()[0]
+    last, now = store.schedule_state(using)
     rows = []
     for schedule in schedules(conf):
         previous = last.get(schedule.name)

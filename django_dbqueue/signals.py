@@ -1,12 +1,39 @@
-"""Signals for alert hooks. Sent by the worker after the job's new state is committed.
+"""Signals for alert hooks, sent by the worker after the job's new state is committed.
 
-All are sent with ``sender`` = the job type name and keyword arguments ``job_id``, ``job_type``,
-``queue``, ``attempt`` and ``worker_id``; ``job_failed`` and ``job_dead`` add ``error`` (a dict:
-class, message, traceback) and ``job_failed`` adds ``retry_in`` (seconds).
+The ``sender`` is the job type's handler function (so ``job_dead.connect(page_someone,
+sender=send_invoice_email)`` listens to one type), or the type name when no handler is
+registered. Keyword arguments: ``job_id``, ``job_type`` (the name), ``queue``, ``attempt`` and
+``worker_id``; ``job_failed`` and ``job_dead`` add ``error`` (a dict: class, message, traceback)
+and ``job_failed`` adds ``retry_in`` (seconds). A receiver that raises is logged and does not
+disturb the worker or the other receivers.
 """
 
+import logging
+
 from django.dispatch import Signal
+
+logger = logging.getLogger("django_dbqueue")
 
 job_succeeded = Signal()
 job_failed = Signal()  # the attempt failed and the job will be retried
 job_dead = Signal()  # the job is in the dead letters
+
+
+def send(signal, job_type, **kwargs):
+    """Send ``signal`` for a job of type ``job_type`` (a name) to every receiver, robustly."""
+    from . import registry
+
+    registered = registry.get(job_type)
+    sender = registered.func if registered is not None else job_type
+    if not signal.has_listeners(sender):
+        return
+    for receiver, response in signal.send_robust(sender, job_type=job_type, **kwargs):
+        if isinstance(response, Exception):
+            logger.error(
+                "dbqueue: signal receiver %r raised %r for job=%s type=%s",
+                receiver,
+                response,
+                kwargs.get("job_id"),
+                job_type,
+                exc_info=(type(response), response, response.__traceback__),
+            )

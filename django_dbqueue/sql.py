@@ -167,7 +167,7 @@ SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' EN
         'at', now()))
 FROM expired
 WHERE j.id = expired.id
-RETURNING j.id, j.type, j.attempts, j.state, j.worker_id
+RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue
 """
 
 # The worker's status line: due backlog of its queues, counted up to a bound so that a huge
@@ -289,4 +289,37 @@ FROM dbqueue_job
 WHERE state IN ('pending', 'running', 'dead')
 GROUP BY queue, state
 ORDER BY queue, state
+"""
+
+# Scheduler -------------------------------------------------------------------------------------
+
+# First sight of a schedule entry: it starts from now (no tick before the fleet knew it).
+ENSURE_SCHEDULE = """
+INSERT INTO dbqueue_schedule (name, last_tick, updated_at) VALUES (%(name)s, now(), now())
+ON CONFLICT (name) DO NOTHING
+"""
+
+# One worker at a time ticks an entry: the others skip the locked row instead of waiting, and the
+# tick's idempotency key still makes one job should two ever compute the same tick.
+LOCK_SCHEDULE = """
+SELECT last_tick, now() FROM dbqueue_schedule WHERE name = %(name)s FOR UPDATE SKIP LOCKED
+"""
+
+ADVANCE_SCHEDULE = """
+UPDATE dbqueue_schedule SET last_tick = %(tick)s, updated_at = now() WHERE name = %(name)s
+"""
+
+# Always one row at least (the LEFT JOIN), so the caller gets the database's now() too.
+SCHEDULE_STATE = """
+SELECT s.name, s.last_tick, n.now
+FROM (SELECT now() AS now) AS n LEFT JOIN dbqueue_schedule AS s ON true
+"""
+
+# django.tasks ------------------------------------------------------------------------------------
+
+# A task's result is its job row; the type check keeps a result id from reading other jobs.
+SELECT_TASK_RESULT = """
+SELECT payload::text, state, created_at, started_at, finished_at, errors::text, result::text,
+       worker_id, priority, queue
+FROM dbqueue_job WHERE id = %(id)s AND type = %(type)s
 """

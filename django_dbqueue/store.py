@@ -115,7 +115,8 @@ def release(using, held):
 
 
 def rescue_expired(using, *, limit, base, factor, cap):
-    """Take back up to ``limit`` expired leases; returns ``[(id, type, attempts, state, worker)]``."""
+    """Take back up to ``limit`` expired leases; returns ``[(id, type, attempts, state, worker,
+    queue)]``."""
     return _execute(
         using,
         sql.RESCUE_EXPIRED,
@@ -184,3 +185,32 @@ def status(using):
         if oldest_due is not None:
             entry["oldest_due_seconds"] = float(oldest_due)
     return result
+
+
+def lock_schedule(using, name):
+    """Inside a transaction: ``(last_tick, now)`` of a schedule entry, or ``None`` when another
+    worker holds it."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.ENSURE_SCHEDULE, {"name": name})
+        cursor.execute(sql.LOCK_SCHEDULE, {"name": name})
+        return cursor.fetchone()
+
+
+def advance_schedule(using, name, tick):
+    _execute_no_rows(using, sql.ADVANCE_SCHEDULE, {"name": name, "tick": tick})
+
+
+def schedule_state(using):
+    """``({name: last_tick}, now)``."""
+    rows = _execute(using, sql.SCHEDULE_STATE, {})
+    return {name: last for name, last, _ in rows if name is not None}, rows[0][2]
+
+
+def task_result_row(using, job_id, job_type):
+    rows = _execute(using, sql.SELECT_TASK_RESULT, {"id": job_id, "type": job_type})
+    return rows[0] if rows else None
+
+
+def _execute_no_rows(using, statement, params):
+    with connections[using].cursor() as cursor:
+        cursor.execute(statement, params)

@@ -4,7 +4,10 @@ The parent runs no jobs and opens no database connection. It forks the children 
 own ``Worker`` with its own connections), restarts a child that dies (with a growing delay when
 children keep dying at once), and forwards SIGTERM/SIGINT so each child shuts down gracefully.
 It exits 0 once every child has exited after a signal; a second signal is forwarded too, which
-makes the children exit at once.
+makes the children exit at once. Children run in their own process group (so a terminal's Ctrl-C
+reaches them once, through the parent) and stop gracefully if the parent dies. With ``--burst``
+or ``--max-jobs`` a child that exits 0 has finished and is not restarted. Under systemd use
+``KillMode=mixed`` so that SIGTERM goes to the parent alone.
 """
 
 import contextlib
@@ -19,15 +22,19 @@ from django.db import connections
 logger = logging.getLogger("django_dbqueue")
 
 
-def _child(worker_kwargs):
+def _child(worker_kwargs, parent_pid):
     # A forked child must not share the parent's sockets: drop inherited connection state.
     for connection in connections.all(initialized_only=True):
         connection.connection = None
     from .worker import Worker
 
+    # Its own process group: a Ctrl-C in the terminal (or a signal to the parent's group)
+    # reaches the parent only, which forwards it once. Otherwise each child would see it twice
+    # and take the second as "exit at once".
+    os.setpgrp()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    worker = Worker(**worker_kwargs)
+    worker = Worker(**worker_kwargs, parent_pid=parent_pid)
     worker.install_signal_handlers()
     raise SystemExit(worker.run())
 
@@ -42,10 +49,11 @@ class Supervisor:
         self.signals = 0
         self.restarts = 0
         self.context = multiprocessing.get_context("fork")
+        self.finite = bool(worker_kwargs.get("burst") or worker_kwargs.get("max_jobs"))
 
     def _spawn(self, slot):
         process = self.context.Process(
-            target=_child, args=(self.worker_kwargs,), name=f"dbqueue-worker-{slot}"
+            target=_child, args=(self.worker_kwargs, os.getpid()), name=f"dbqueue-worker-{slot}"
         )
         process.start()
         self.children[slot] = process
@@ -75,6 +83,11 @@ class Supervisor:
                     continue
                 if self.stopping:
                     continue
+                if process.exitcode == 0 and self.finite:
+                    # --burst / --max-jobs: a child that finished its work is not restarted.
+                    self.out(f"dbqueue supervisor: worker {slot} (pid {process.pid}) finished")
+                    del self.children[slot]
+                    continue
                 now = time.monotonic()
                 recent_deaths = [t for t in recent_deaths if now - t < 60] + [now]
                 delay = (
@@ -91,7 +104,7 @@ class Supervisor:
                     self.restarts += 1
                     self._spawn(slot)
                     alive = True
-            if self.stopping and not alive:
+            if (self.stopping or self.finite) and not alive:
                 break
         self.out("dbqueue supervisor: all workers stopped")
         return 0

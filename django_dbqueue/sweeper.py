@@ -9,7 +9,7 @@ and never wait on each other. ``run_once()`` returns counts; the worker calls it
 
 import logging
 
-from . import store
+from . import signals, store
 from .conf import get_settings
 
 logger = logging.getLogger("django_dbqueue")
@@ -60,9 +60,22 @@ class Sweeper:
                 factor=conf.BACKOFF_FACTOR,
                 cap=conf.BACKOFF_CAP,
             )
-            for job_id, job_type, attempts, state, worker in rows:
+            for job_id, job_type, attempts, state, worker, queue in rows:
                 if state == "dead":
                     counts["dead"] += 1
+                    signals.send(
+                        signals.job_dead,
+                        job_type,
+                        job_id=job_id,
+                        queue=queue,
+                        attempt=attempts,
+                        worker_id=worker,
+                        error={
+                            "class": "LeaseExpired",
+                            "message": "lease expired",
+                            "traceback": "",
+                        },
+                    )
                     logger.error(
                         "dbqueue swept job=%s type=%s attempt=%s to dead: lease expired (worker %s)",
                         job_id,

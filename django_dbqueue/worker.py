@@ -8,7 +8,6 @@ stopped, SIGTERM, ``burst`` drained or ``max_jobs`` reached.
 """
 
 import asyncio
-import json
 import logging
 import os
 import queue as queue_module
@@ -20,9 +19,9 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
-from . import registry, store
+from . import payloads, registry, store
 from .acks import Acknowledger
 from .conf import get_settings
 from .context import JobContext
@@ -51,6 +50,21 @@ def error_record(exc, *, attempt, worker_id, message=None):
         "traceback": "".join(traceback.format_exception(exc)),
         "worker": worker_id,
     }
+
+
+class ResultError(TypeError):
+    """A handler returned a value that JSON cannot store unchanged."""
+
+
+def _result_json(result):
+    if result is None:
+        return None
+    try:
+        return payloads.dumps(result)
+    except payloads.PayloadError as exc:
+        raise ResultError(
+            f"the handler's return value cannot be stored: {str(exc).replace('payload', 'result', 1)}"
+        ) from None
 
 
 class _FencedOut(Exception):
@@ -82,6 +96,7 @@ class Worker:
         worker_id=None,
         listen=None,
         out=None,
+        parent_pid=None,
     ):
         conf = get_settings()
         self.conf = conf
@@ -94,6 +109,7 @@ class Worker:
         self.max_jobs = max_jobs
         self.listen = conf.LISTEN if listen is None else listen
         self.worker_id = worker_id or make_worker_id()
+        self.parent_pid = parent_pid  # under a supervisor: stop if it dies
         self.out = out or logger.info
         self.queue_caps = [
             (conf.QUEUES.get(name) or {}).get("concurrency") or self.concurrency + self.prefetch
@@ -211,9 +227,10 @@ class Worker:
                     f"{self.worker_id} (was its @job removed or renamed?)"
                 )
             if job_type.atomic:
-                result = self._run_atomic(job_type, ctx, entry, loop)
+                self._run_atomic(job_type, ctx, entry, loop)
+                result_json = None
             else:
-                result = self._call(job_type, ctx, loop)
+                result_json = _result_json(self._call(job_type, ctx, loop))
         except _FencedOut:
             logger.warning(
                 "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, "
@@ -229,12 +246,12 @@ class Worker:
         except Exception as exc:
             if isinstance(exc, DB_ERRORS):
                 self.note_db_error()
-            self._failed(entry, exc, delay=registry.retry_delay(job_type, ctx.attempt, self.conf))
+            self._failed(entry, exc, delay=self._retry_delay(job_type, ctx.attempt))
         else:
             if job_type.atomic:
                 self.acks.committed(ctx)  # its completion committed with its writes
             elif not (entry.timed_out or entry.lost):
-                self.acks.succeed(ctx, result)
+                self.acks.succeed(ctx, result_json)
         finally:
             self._cleanup_connections()
             self._finish(entry)
@@ -246,13 +263,21 @@ class Worker:
 
     def _run_atomic(self, job_type, ctx, entry, loop):
         with transaction.atomic(using=self.using):
-            result = self._call(job_type, ctx, loop)
+            result_json = _result_json(self._call(job_type, ctx, loop))
             if entry.timed_out or entry.lost:
                 raise _FencedOut
-            result_json = None if result is None else json.dumps(result)
             if not store.complete(self.using, [(ctx.id, ctx.attempt, result_json)]):
                 raise _FencedOut
-        return result
+
+    def _retry_delay(self, job_type, attempt):
+        try:
+            return registry.retry_delay(job_type, attempt, self.conf)
+        except Exception:  # a broken backoff callable must not lose the failure
+            logger.exception(
+                "dbqueue: the backoff of job type %r failed; retrying in 60s",
+                getattr(job_type, "name", "?"),
+            )
+            return 60.0
 
     def _failed(self, entry, exc, *, delay, dead=False):
         if entry.timed_out or entry.lost:
@@ -354,8 +379,9 @@ class Worker:
             )
             record = error_record(exc, attempt=ctx.attempt, worker_id=self.worker_id)
             record["traceback"] = ""
-            delay = registry.retry_delay(registry.get(ctx.type), ctx.attempt, self.conf)
-            self.acks.fail(ctx, record, delay=delay)
+            self.acks.fail(
+                ctx, record, delay=self._retry_delay(registry.get(ctx.type), ctx.attempt)
+            )
             logger.warning(
                 "dbqueue timeout job=%s type=%s attempt=%s after %gs",
                 ctx.id,
@@ -433,6 +459,12 @@ class Worker:
         try:
             while not self.stopping.is_set():
                 now = time.monotonic()
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                    logger.warning(
+                        "dbqueue worker %s: its supervisor died; stopping", self.worker_id
+                    )
+                    self.stop()
+                    break
                 try:
                     if now >= next_sweep:
                         self.sweeper.run_once()
@@ -456,10 +488,25 @@ class Worker:
                     )
                     self.stopping.wait(delay)
                     continue
+                except DatabaseError:
+                    # Not a lost connection (a bad row, a broken constraint, a migration not
+                    # applied): log it with its traceback and keep going, slowly.
+                    errors += 1
+                    delay = min(30.0, 0.5 * 2**errors)
+                    logger.exception(
+                        "dbqueue worker: database error in the claim loop; retrying in %.1fs", delay
+                    )
+                    reset_connection(self.using)
+                    self.stopping.wait(delay)
+                    continue
                 if self.max_jobs is not None and self.claimed_total >= self.max_jobs:
                     break
+                # A burst run ends when a claim that asked for work found none and nothing is
+                # in flight. (A claim that asked for nothing, because every slot was busy, proves
+                # nothing about the queue.)
                 if (
                     self.burst
+                    and asked
                     and claimed == 0
                     and self.free_slots() == self.concurrency + self.prefetch
                 ):

@@ -264,6 +264,7 @@ def test_check_constraints_hold_the_state_machine():
         "UPDATE dbqueue_job SET state = 'lost' WHERE id = %s",
         "UPDATE dbqueue_job SET priority = 1000 WHERE id = %s",
         "UPDATE dbqueue_job SET attempts = max_attempts + 1 WHERE id = %s",
+        "UPDATE dbqueue_job SET attempts = max_attempts WHERE id = %s",  # pending, none left
         "UPDATE dbqueue_job SET leased_until = now() WHERE id = %s",  # pending with a lease
     ]
     for statement in bad_updates:

@@ -277,3 +277,102 @@ def test_async_handlers_run_concurrently_with_sync_ones(start_worker):
     finally:
         registry.unregister("async-slow")
         registry.unregister("sync-stamp")
+
+
+def test_a_result_json_cannot_store_is_a_failure_not_a_dead_thread(start_worker):
+    from django_dbqueue import job, registry
+
+    @job("bad-result", max_attempts=1)
+    def bad_result(ctx):
+        import datetime
+
+        return {"when": datetime.date(2026, 1, 1)}
+
+    try:
+        worker = start_worker(concurrency=1)
+        bad = enqueue("bad-result")
+        row = wait_state(bad.id, "dead")
+        assert row["errors"][0]["class"] == "django_dbqueue.worker.ResultError"
+        assert 'result["when"] is a datetime.date' in row["errors"][0]["message"]
+        after = enqueue("noop")  # the only handler thread is still alive
+        wait_state(after.id, "done")
+        assert worker.thread.is_alive()
+    finally:
+        registry.unregister("bad-result")
+
+
+def test_a_raising_signal_receiver_does_not_stop_acknowledgements(start_worker):
+    def explode(sender, **kwargs):
+        raise RuntimeError("alerting is down")
+
+    signals.job_succeeded.connect(explode, weak=False, dispatch_uid="explode")
+    try:
+        start_worker()
+        jobs = [enqueue("noop") for _ in range(3)]
+        for job in jobs:
+            wait_state(job.id, "done")
+    finally:
+        signals.job_succeeded.disconnect(dispatch_uid="explode")
+
+
+def test_signals_use_the_handler_as_sender(start_worker):
+    from tests.testapp import jobs as testjobs
+
+    seen = []
+    signals.job_dead.connect(
+        lambda sender, **kw: seen.append(kw["job_id"]),
+        sender=testjobs.discard,
+        weak=False,
+        dispatch_uid="by-sender",
+    )
+    try:
+        start_worker()
+        other = enqueue("fail", max_attempts=1)
+        mine = enqueue("discard")
+        wait_state(other.id, "dead")
+        wait_state(mine.id, "dead")
+        wait_until(lambda: seen, message="the signal")
+        assert seen == [mine.id]
+    finally:
+        signals.job_dead.disconnect(sender=testjobs.discard, dispatch_uid="by-sender")
+
+
+def test_sweeper_sends_job_dead_for_an_expired_last_attempt():
+    from django_dbqueue import store
+    from django_dbqueue.sweeper import Sweeper
+
+    seen = []
+    signals.job_dead.connect(lambda sender, **kw: seen.append(kw), weak=False, dispatch_uid="swept")
+    try:
+        job = enqueue("noop", max_attempts=1)
+        store.claim("default", worker_id="w", queues=["default"], limits=[1], limit=1)
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE dbqueue_job SET leased_until = now() - interval '1 second'")
+        Sweeper().rescue()
+    finally:
+        signals.job_dead.disconnect(dispatch_uid="swept")
+    assert [(s["job_id"], s["error"]["class"]) for s in seen] == [(job.id, "LeaseExpired")]
+
+
+def test_a_database_error_in_the_claim_loop_is_logged_not_fatal(start_worker, caplog):
+    """A real constraint violation inside the claim (here: a CHECK that refuses this worker's
+    id) is logged with its traceback; the worker keeps going and claims once it is gone."""
+    worker = start_worker()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE dbqueue_job ADD CONSTRAINT test_refuse_worker "
+            "CHECK (worker_id IS DISTINCT FROM %s) NOT VALID",
+            [worker.worker_id],
+        )
+    try:
+        job = enqueue("noop")
+        wait_until(
+            lambda: "database error in the claim loop" in caplog.text,
+            timeout=10,
+            message="the error",
+        )
+        assert worker.thread.is_alive() and state_of(job.id) == "pending"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE dbqueue_job DROP CONSTRAINT test_refuse_worker")
+    wait_state(job.id, "done", timeout=30)
