@@ -1,0 +1,1 @@
+"""Benchmarks of django-dbqueue against a plain-SQL baseline (see bench.py and README.md)."""

@@ -1,0 +1,1 @@
+"""The benchmark's own tiny Django app: an invoice table and two no-op job types."""

@@ -1,0 +1,21 @@
+"""Job types of the benchmark, discovered by django_dbqueue like any app's ``jobs.py``."""
+
+import queue
+import time
+
+from django_dbqueue import job
+
+# (seq, perf_counter at handler start) of every "bench-wakeup" run, for the latency test.
+STARTED: queue.SimpleQueue = queue.SimpleQueue()
+
+
+@job("bench-noop")
+def noop(ctx):
+    """Does nothing: the drain measures the queue, not the work."""
+
+
+@job("bench-wakeup")
+def record_start(ctx):
+    """Records when the handler started, first thing, so latency ends here."""
+    started = time.perf_counter()
+    STARTED.put((ctx.payload["seq"], started))
