@@ -20,7 +20,9 @@ logger = logging.getLogger("django_dbqueue")
 
 
 class Acknowledger(threading.Thread):
-    def __init__(self, using, *, interval, batch, worker_id, stop_event, on_db_error=None):
+    def __init__(
+        self, using, *, interval, batch, worker_id, stop_event, on_db_error=None, session=None
+    ):
         super().__init__(name="dbqueue-acks", daemon=True)
         self.using = using
         self.interval = interval
@@ -28,6 +30,10 @@ class Acknowledger(threading.Thread):
         self.worker_id = worker_id
         self.stop_event = stop_event
         self.on_db_error = on_db_error or (lambda: None)
+        # Completions go through the worker Session (prepared, asynchronous commit: a lost
+        # completion only means the job runs again). Failures use the durable Django connection,
+        # so an error history or a dead letter is never lost.
+        self.session = session if session is not None else using
         self._cond = threading.Condition()
         self._done = []  # (ctx, result_json)
         self._failed = []  # (ctx, error dict, delay, dead)
@@ -90,6 +96,8 @@ class Acknowledger(threading.Thread):
                 closing = self._closing
             self._flush(done, failed)
             if closing and not self.pending():
+                if not isinstance(self.session, str):
+                    self.session.close()
                 connections[self.using].close()
                 return
 
@@ -114,7 +122,9 @@ class Acknowledger(threading.Thread):
             except DB_ERRORS as exc:
                 attempt += 1
                 self.on_db_error()
-                reset_connection(self.using)
+                reset_connection(
+                    self.using, self.session if not isinstance(self.session, str) else None
+                )
                 delay = min(5.0, 0.05 * 2**attempt)
                 logger.warning(
                     "dbqueue could not write %d acknowledgements (%s); retrying in %.2fs",
@@ -126,7 +136,7 @@ class Acknowledger(threading.Thread):
                 time.sleep(delay)
 
     def _write_done(self, done):
-        matched = store.complete(self.using, [(c.id, c.attempt, r) for c, r in done])
+        matched = store.complete(self.session, [(c.id, c.attempt, r) for c, r in done])
         self.succeeded += len(matched)
         for ctx, _ in done:
             if ctx.id not in matched:

@@ -70,6 +70,8 @@ _RULES = {
         "a channel name (str of 1 to 63 characters)",
     ),
     "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
+    "PREPARE": (lambda v: isinstance(v, bool), "True or False"),
+    "ASYNC_COMMIT": (lambda v: isinstance(v, bool), "True or False"),
     "STATUS_INTERVAL": (
         lambda v: _number(v, minimum=0),
         "a number of seconds >= 0 (0 turns it off)",

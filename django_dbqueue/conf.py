@@ -29,6 +29,8 @@ DEFAULTS = {
     "ACK_BATCH": 500,  # completions that force a flush
     "NOTIFY_CHANNEL": "dbqueue",  # LISTEN/NOTIFY channel
     "LISTEN": True,  # False for PgBouncer in transaction mode: poll only
+    "PREPARE": True,  # prepare the worker's hot statements on its own connections
+    "ASYNC_COMMIT": True,  # worker claims/completions/heartbeats commit without a WAL flush wait
     "STATUS_INTERVAL": 10.0,  # seconds between the worker's one-line summaries; 0 = never
     "DONE_RETENTION": 86400.0,  # seconds a done job is kept; None = forever
     "CANCELLED_RETENTION": 604800.0,  # seconds a cancelled job is kept; None = forever

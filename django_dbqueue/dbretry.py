@@ -2,15 +2,21 @@
 
 import contextlib
 
+import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 # A lost connection surfaces as OperationalError (server gone, terminated) or InterfaceError
-# (the connection object is already closed). Both are worth a reconnect and a retry.
-DB_ERRORS = (OperationalError, InterfaceError)
+# (the connection object is already closed): Django's wrappers on Django connections, psycopg's
+# own on a worker Session. Both are worth a reconnect and a retry.
+DB_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+# Any other database error (a constraint, a missing table): logged, retried slowly.
+OTHER_DB_ERRORS = (DatabaseError, psycopg.Error)
 
 
-def reset_connection(using):
-    """Drop this thread's connection to ``using`` so the next query opens a new one."""
+def reset_connection(using, session=None):
+    """Drop this thread's connection to ``using`` (and ``session``) so the next query reconnects."""
+    if session is not None:
+        session.reset()
     connection = connections[using]
     with contextlib.suppress(DatabaseError):
         connection.close()

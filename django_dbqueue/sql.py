@@ -5,26 +5,37 @@ Statements that touch many rows take arrays and ``unnest`` them, so a batch is o
 Time is always the database's ``now()``, never a worker's clock.
 """
 
-# Enqueue: one round trip. ON CONFLICT makes the idempotency key's "at most one job" hold under a
-# race (the second inserter waits for the first to commit, then inserts nothing). pg_notify runs
-# only for a row really inserted and is delivered at commit; PostgreSQL folds identical
-# notifications within a transaction into one, so a transaction that enqueues many jobs on one
-# queue wakes the workers once.
+# Enqueue: one round trip, one statement. pg_notify in RETURNING runs only for a row really
+# inserted and is delivered at commit; PostgreSQL folds identical notifications within a
+# transaction into one, so a transaction that enqueues many jobs on one queue wakes the workers
+# once. (A flat INSERT ... RETURNING costs measurably less than the same INSERT in a CTE.)
 INSERT_JOB = """
-WITH inserted AS (
-    INSERT INTO dbqueue_job (
-        type, queue, payload, state, priority, run_after, attempts, max_attempts,
-        lease_seconds, idempotency_key, errors, created_at
-    )
-    VALUES (
-        %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s,
-        COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second'),
-        0, %(max_attempts)s, %(lease)s, %(key)s, '[]'::jsonb, now()
-    )
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue
+INSERT INTO dbqueue_job (
+    type, queue, payload, state, priority, run_after, attempts, max_attempts,
+    lease_seconds, idempotency_key, errors, created_at
 )
-SELECT id, pg_notify(%(channel)s, queue)::text FROM inserted
+VALUES (
+    %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s,
+    COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second'),
+    0, %(max_attempts)s, %(lease)s, NULL, '[]'::jsonb, now()
+)
+RETURNING id, pg_notify(%(channel)s, queue)::text
+"""
+
+# The same with an idempotency key. ON CONFLICT makes "at most one job per key" hold under a
+# race: the second inserter waits for the first to commit, then inserts (and notifies) nothing.
+INSERT_JOB_WITH_KEY = """
+INSERT INTO dbqueue_job (
+    type, queue, payload, state, priority, run_after, attempts, max_attempts,
+    lease_seconds, idempotency_key, errors, created_at
+)
+VALUES (
+    %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s,
+    COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second'),
+    0, %(max_attempts)s, %(lease)s, %(key)s, '[]'::jsonb, now()
+)
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id, pg_notify(%(channel)s, queue)::text
 """
 
 # The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs.

@@ -30,15 +30,19 @@ class ClaimedRow:
     created_at: object
 
 
-def _execute(using, statement, params):
-    with connections[using].cursor() as cursor:
+def _execute(db, statement, params):
+    """Run on ``db``: a database alias (this thread's Django connection) or a worker Session."""
+    if not isinstance(db, str):
+        return db.execute(statement, params)
+    with connections[db].cursor() as cursor:
         cursor.execute(statement, params)
         return cursor.fetchall()
 
 
 def insert_job(using, *, channel, **values):
     """Insert one job; returns its id, or ``None`` when its idempotency key already exists."""
-    rows = _execute(using, sql.INSERT_JOB, {"channel": channel, **values})
+    statement = sql.INSERT_JOB if values.get("key") is None else sql.INSERT_JOB_WITH_KEY
+    rows = _execute(using, statement, {"channel": channel, **values})
     return rows[0][0] if rows else None
 
 

@@ -19,17 +19,18 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError, connections, transaction
+from django.db import connections, transaction
 
 from . import payloads, registry, store
 from .acks import Acknowledger
 from .conf import get_settings
 from .context import JobContext
-from .dbretry import DB_ERRORS, reset_connection
+from .dbretry import DB_ERRORS, OTHER_DB_ERRORS, reset_connection
 from .deliveries import close_side_connections
 from .exceptions import DiscardJob, RetryJob
 from .notifications import Listener
 from .scheduler import Scheduler
+from .session import Session
 from .sweeper import Sweeper
 
 logger = logging.getLogger("django_dbqueue")
@@ -103,7 +104,14 @@ class Worker:
         self.using = using or conf.DATABASE
         self.queues = list(queues or conf.QUEUES)
         self.concurrency = concurrency or conf.CONCURRENCY
+        # Jobs claimed ahead of free threads. Fixed when PREFETCH is set; otherwise adaptive:
+        # it starts at the concurrency, doubles (up to 4x) while a deep backlog keeps the
+        # threads waiting on the next claim, and falls back as soon as a claim comes back short,
+        # so slow jobs are never hoarded while other workers sit idle.
+        self.adaptive_prefetch = conf.PREFETCH is None
         self.prefetch = self.concurrency if conf.PREFETCH is None else conf.PREFETCH
+        self.prefetch_max = 4 * self.concurrency if conf.PREFETCH is None else conf.PREFETCH
+        self._starved = 0  # times a handler thread found no job waiting
         self.poll_interval = conf.POLL_INTERVAL if poll_interval is None else poll_interval
         self.burst = burst
         self.max_jobs = max_jobs
@@ -112,7 +120,7 @@ class Worker:
         self.parent_pid = parent_pid  # under a supervisor: stop if it dies
         self.out = out or logger.info
         self.queue_caps = [
-            (conf.QUEUES.get(name) or {}).get("concurrency") or self.concurrency + self.prefetch
+            (conf.QUEUES.get(name) or {}).get("concurrency") or self.concurrency + self.prefetch_max
             for name in self.queues
         ]
         self.stopping = threading.Event()  # no more claims
@@ -129,7 +137,8 @@ class Worker:
         # their own connection before the next job, instead of failing one job on it each.
         self.db_error_epoch = 0
         self.claimed_total = 0
-        self._min_batch = max(1, (self.concurrency + self.prefetch) // 2)
+        # The claim loop's own connection: prepared statements, asynchronous commit (session.py).
+        self.session = Session(self.using, prepare=conf.PREPARE, async_commit=conf.ASYNC_COMMIT)
         self.sweeper = Sweeper(self.using, conf=conf)
         self.scheduler = Scheduler(self.using, conf=conf)
         self.acks = Acknowledger(
@@ -139,6 +148,9 @@ class Worker:
             worker_id=self.worker_id,
             stop_event=self.stopped,
             on_db_error=self.note_db_error,
+            session=Session(
+                using or conf.DATABASE, prepare=conf.PREPARE, async_commit=conf.ASYNC_COMMIT
+            ),
         )
         self.listener = None
 
@@ -148,6 +160,19 @@ class Worker:
     def free_slots(self):
         with self._lock:
             return self.concurrency + self.prefetch - len(self._inflight)
+
+    @property
+    def _min_batch(self):
+        return max(1, (self.concurrency + self.prefetch) // 2)
+
+    def _adapt_prefetch(self, claimed, asked):
+        if not self.adaptive_prefetch or not asked:
+            return
+        if claimed < asked:
+            self.prefetch = self.concurrency  # the backlog is gone: hold no more than needed
+        elif self._starved:
+            self.prefetch = min(self.prefetch_max, self.prefetch * 2)
+        self._starved = 0
 
     def run_once(self):
         """Claim what fits into the free slots and hand it to the handler threads.
@@ -168,8 +193,10 @@ class Worker:
             for name, cap in zip(self.queues, self.queue_caps, strict=True)
         ]
         rows = store.claim(
-            self.using, worker_id=self.worker_id, queues=self.queues, limits=limits, limit=asked
+            self.session, worker_id=self.worker_id, queues=self.queues, limits=limits, limit=asked
         )
+        self._adapt_prefetch(len(rows), asked)
+
         self.claimed_total += len(rows)
         for row in rows:
             ctx = JobContext(row, worker_id=self.worker_id, using=self.using)
@@ -193,7 +220,11 @@ class Worker:
         seen_epoch = self.db_error_epoch
         try:
             while True:
-                entry = self._work.get()
+                try:
+                    entry = self._work.get_nowait()
+                except queue_module.Empty:
+                    self._starved += 1  # threads outran the claims: prefetch more
+                    entry = self._work.get()
                 if entry is None:
                     return
                 if seen_epoch != self.db_error_epoch:
@@ -326,6 +357,9 @@ class Worker:
         interval = self.conf.HEARTBEAT_INTERVAL
         next_beat = time.monotonic() + interval
         failures = 0
+        session = Session(
+            self.using, prepare=self.conf.PREPARE, async_commit=self.conf.ASYNC_COMMIT
+        )
         try:
             while not self.stopped.wait(min(1.0, interval)):
                 self._check_timeouts()
@@ -334,14 +368,12 @@ class Worker:
                 with self._lock:
                     held = [e for e in self._inflight.values() if not (e.timed_out or e.lost)]
                 try:
-                    kept = store.extend_leases(
-                        self.using, [(e.ctx.id, e.ctx.attempt) for e in held]
-                    )
+                    kept = store.extend_leases(session, [(e.ctx.id, e.ctx.attempt) for e in held])
                     failures = 0
                 except DB_ERRORS as exc:
                     failures += 1
                     self.note_db_error()
-                    reset_connection(self.using)
+                    session.reset()
                     logger.warning("dbqueue heartbeat failed (%s); retrying", exc)
                     next_beat = time.monotonic() + min(interval, 0.5 * failures)
                     continue
@@ -357,6 +389,7 @@ class Worker:
                         )
                 next_beat = time.monotonic() + interval
         finally:
+            session.close()
             connections.close_all()
 
     def _check_timeouts(self):
@@ -481,14 +514,14 @@ class Worker:
                 except DB_ERRORS as exc:
                     errors += 1
                     self.note_db_error()
-                    reset_connection(self.using)
+                    reset_connection(self.using, self.session)
                     delay = min(5.0, 0.1 * 2**errors)
                     logger.warning(
                         "dbqueue worker lost the database (%s); retrying in %.2fs", exc, delay
                     )
                     self.stopping.wait(delay)
                     continue
-                except DatabaseError:
+                except OTHER_DB_ERRORS:
                     # Not a lost connection (a bad row, a broken constraint, a migration not
                     # applied): log it with its traceback and keep going, slowly.
                     errors += 1
@@ -513,11 +546,15 @@ class Worker:
                     break
                 with self._lock:
                     self._want_capacity = asked == 0 or claimed == asked
+                    # Read under the lock that _finish() holds: a handler that finished before
+                    # the flag was set did not wake us, so look at the free slots ourselves.
+                    free = self.concurrency + self.prefetch - len(self._inflight)
                 if asked and claimed == asked:
                     continue  # there may be more: claim again at once
                 if asked == 0 or self._want_capacity:
                     # Full: wait for enough capacity to make the next claim a real batch.
-                    self._wakeup.wait(0.5)
+                    if free < self._min_batch:
+                        self._wakeup.wait(0.5)
                 else:
                     idle = self.poll_interval
                     if self.scheduler.schedules:
@@ -613,6 +650,7 @@ class Worker:
             thread.join(0.5)
         if self.listener is not None:
             self.listener.join(1.0)
+        self.session.close()
         connections[self.using].close()
         logger.info(
             "dbqueue worker %s stopped: %d succeeded, %d retried, %d dead, %d fenced",

@@ -237,14 +237,20 @@ def test_atomic_handler_commits_writes_with_completion(start_worker):
 
 
 def test_claim_loop_query_count_is_pinned(fast_settings):
+    """One claim is one statement, on the worker's own prepared session, none on Django's."""
     from django.test.utils import CaptureQueriesContext
 
     enqueue_many([("noop", {})] * 5)
     worker = Worker(concurrency=2)
-    with CaptureQueriesContext(connection) as queries:
-        claimed, asked = worker.run_once()
-    assert (claimed, asked) == (4, 4)  # concurrency 2 + prefetch 2
-    assert len(queries) == 1
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            claimed, asked = worker.run_once()
+        assert (claimed, asked) == (4, 4)  # concurrency 2 + prefetch 2
+        assert worker.session.statements == 1 and len(queries) == 0
+        assert worker.run_once() == (0, 0)  # every slot is taken: no statement at all
+        assert worker.session.statements == 1
+    finally:
+        worker.session.close()
 
 
 def test_async_handlers_run_concurrently_with_sync_ones(start_worker):
@@ -376,3 +382,46 @@ def test_a_database_error_in_the_claim_loop_is_logged_not_fatal(start_worker, ca
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE dbqueue_job DROP CONSTRAINT test_refuse_worker")
     wait_state(job.id, "done", timeout=30)
+
+
+def test_adaptive_prefetch_grows_while_threads_starve_and_falls_back(fast_settings):
+    worker = Worker(concurrency=4)
+    assert (worker.prefetch, worker.prefetch_max) == (4, 16)
+    worker._starved = 3  # handler threads waited on an empty local queue
+    worker._adapt_prefetch(8, 8)  # and the claim came back full: a deep backlog
+    assert worker.prefetch == 8
+    worker._adapt_prefetch(12, 12)  # full again, but nobody starved: stay
+    assert worker.prefetch == 8
+    for _ in range(5):
+        worker._starved = 1
+        worker._adapt_prefetch(20, 20)
+    assert worker.prefetch == 16  # capped at 4x the concurrency
+    worker._adapt_prefetch(3, 20)  # the backlog is gone
+    assert worker.prefetch == 4
+
+
+def test_fixed_prefetch_setting_is_not_adapted(fast_settings):
+    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "PREFETCH": 1}
+    worker = Worker(concurrency=4)
+    worker._starved = 5
+    worker._adapt_prefetch(5, 5)
+    assert worker.prefetch == worker.prefetch_max == 1
+
+
+def test_worker_session_is_prepared_and_async_commit(fast_settings):
+    from django_dbqueue.session import Session
+
+    session = Session("default")
+    try:
+        assert session.execute("SHOW synchronous_commit", {}) == [("off",)]
+        assert session.execute("SHOW plan_cache_mode", {}) == [("force_custom_plan",)]
+        session.execute("SELECT %(x)s::int", {"x": 1})
+        prepared = session.execute("SELECT count(*) FROM pg_prepared_statements", {})[0][0]
+        assert prepared >= 1
+    finally:
+        session.close()
+    durable = Session("default", prepare=False, async_commit=False)
+    try:
+        assert durable.execute("SHOW synchronous_commit", {}) == [("on",)]
+    finally:
+        durable.close()
