@@ -183,23 +183,14 @@ def enqueue(
         max_attempts=max_attempts,
         conf=conf,
     )
-    job_id = store.insert_job(using, channel=conf.NOTIFY_CHANNEL, **values)
-    if job_id is not None:
-        return EnqueuedJob(job_id, True, type, values["queue"])
-    existing = store.ids_by_keys(using, [idempotency_key])
-    if idempotency_key not in existing:  # pragma: no cover - the holder was deleted meanwhile
-        return enqueue(
-            type,
-            payload,
-            queue=queue,
-            priority=priority,
-            run_after=run_after,
-            delay=delay,
-            idempotency_key=idempotency_key,
-            max_attempts=max_attempts,
-            using=using,
-        )
-    return EnqueuedJob(existing[idempotency_key], False, type, values["queue"])
+    while True:
+        job_id = store.insert_job(using, channel=conf.NOTIFY_CHANNEL, **values)
+        if job_id is not None:
+            return EnqueuedJob(job_id, True, type, values["queue"])
+        existing = store.ids_by_keys(using, [idempotency_key]).get(idempotency_key)
+        if existing is not None:
+            return EnqueuedJob(existing, False, type, values["queue"])
+        # The key's holder was deleted between the two statements: insert again.
 
 
 _SPEC_KEYS = {

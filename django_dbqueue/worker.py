@@ -16,19 +16,20 @@ import signal
 import socket
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 
 from django.db import connections, transaction
 
-from . import payloads, registry, store
+from . import registry, store
 from .acks import Acknowledger
 from .conf import get_settings
 from .context import JobContext
 from .dbretry import DB_ERRORS, OTHER_DB_ERRORS, reset_connection
 from .deliveries import close_side_connections
 from .exceptions import DiscardJob, RetryJob
+from .heartbeat import Heartbeat
 from .notifications import Listener
+from .outcomes import encode_result, error_record
 from .scheduler import Scheduler
 from .session import Session
 from .sweeper import Sweeper
@@ -38,34 +39,6 @@ logger = logging.getLogger("django_dbqueue")
 
 def make_worker_id():
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def error_record(exc, *, attempt, worker_id, message=None):
-    """The entry kept in the job's ``errors`` list for one failed attempt."""
-    return {
-        "attempt": attempt,
-        "class": f"{type(exc).__module__}.{type(exc).__qualname__}"
-        if type(exc).__module__ != "builtins"
-        else type(exc).__qualname__,
-        "message": message if message is not None else str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-        "worker": worker_id,
-    }
-
-
-class ResultError(TypeError):
-    """A handler returned a value that JSON cannot store unchanged."""
-
-
-def _result_json(result):
-    if result is None:
-        return None
-    try:
-        return payloads.dumps(result)
-    except payloads.PayloadError as exc:
-        raise ResultError(
-            f"the handler's return value cannot be stored: {str(exc).replace('payload', 'result', 1)}"
-        ) from None
 
 
 class _FencedOut(Exception):
@@ -261,7 +234,7 @@ class Worker:
                 self._run_atomic(job_type, ctx, entry, loop)
                 result_json = None
             else:
-                result_json = _result_json(self._call(job_type, ctx, loop))
+                result_json = encode_result(self._call(job_type, ctx, loop))
         except _FencedOut:
             logger.warning(
                 "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, "
@@ -294,7 +267,7 @@ class Worker:
 
     def _run_atomic(self, job_type, ctx, entry, loop):
         with transaction.atomic(using=self.using):
-            result_json = _result_json(self._call(job_type, ctx, loop))
+            result_json = encode_result(self._call(job_type, ctx, loop))
             if entry.timed_out or entry.lost:
                 raise _FencedOut
             if not store.complete(self.using, [(ctx.id, ctx.attempt, result_json)]):
@@ -351,79 +324,6 @@ class Worker:
             self._wakeup.set()
 
     # ---------------------------------------------------------------------------------------
-    # Heartbeat and timeouts
-    # ---------------------------------------------------------------------------------------
-    def _heartbeat_thread(self):
-        interval = self.conf.HEARTBEAT_INTERVAL
-        next_beat = time.monotonic() + interval
-        failures = 0
-        session = Session(
-            self.using, prepare=self.conf.PREPARE, async_commit=self.conf.ASYNC_COMMIT
-        )
-        try:
-            while not self.stopped.wait(min(1.0, interval)):
-                self._check_timeouts()
-                if time.monotonic() < next_beat:
-                    continue
-                with self._lock:
-                    held = [e for e in self._inflight.values() if not (e.timed_out or e.lost)]
-                try:
-                    kept = store.extend_leases(session, [(e.ctx.id, e.ctx.attempt) for e in held])
-                    failures = 0
-                except DB_ERRORS as exc:
-                    failures += 1
-                    self.note_db_error()
-                    session.reset()
-                    logger.warning("dbqueue heartbeat failed (%s); retrying", exc)
-                    next_beat = time.monotonic() + min(interval, 0.5 * failures)
-                    continue
-                for entry in held:
-                    if entry.ctx.id not in kept:
-                        entry.lost = True
-                        logger.warning(
-                            "dbqueue lease lost job=%s type=%s attempt=%s: the sweeper took it "
-                            "back; this run's outcome will be discarded",
-                            entry.ctx.id,
-                            entry.ctx.type,
-                            entry.ctx.attempt,
-                        )
-                next_beat = time.monotonic() + interval
-        finally:
-            session.close()
-            connections.close_all()
-
-    def _check_timeouts(self):
-        now = time.monotonic()
-        with self._lock:
-            expired = [
-                e
-                for e in self._inflight.values()
-                if e.timeout
-                and e.started is not None
-                and not e.timed_out
-                and now - e.started > e.timeout
-            ]
-            for entry in expired:
-                entry.timed_out = True
-        for entry in expired:
-            ctx = entry.ctx
-            exc = TimeoutError(
-                f"job ran longer than its timeout of {entry.timeout:g}s; given up and retried"
-            )
-            record = error_record(exc, attempt=ctx.attempt, worker_id=self.worker_id)
-            record["traceback"] = ""
-            self.acks.fail(
-                ctx, record, delay=self._retry_delay(registry.get(ctx.type), ctx.attempt)
-            )
-            logger.warning(
-                "dbqueue timeout job=%s type=%s attempt=%s after %gs",
-                ctx.id,
-                ctx.type,
-                ctx.attempt,
-                entry.timeout,
-            )
-
-    # ---------------------------------------------------------------------------------------
     # Notifications
     # ---------------------------------------------------------------------------------------
     def _on_notify(self, queue_name):
@@ -448,11 +348,8 @@ class Worker:
             thread.start()
             self._threads.append(thread)
         self.acks.start()
-        heartbeat = threading.Thread(
-            target=self._heartbeat_thread, name="dbqueue-heartbeat", daemon=True
-        )
-        heartbeat.start()
-        self._heartbeat = heartbeat
+        self._heartbeat = Heartbeat(self)
+        self._heartbeat.start()
         if self.listen and not self.burst:
             self.listener = Listener(
                 self.using, self.conf.NOTIFY_CHANNEL, self._on_notify, self.stopped

@@ -133,7 +133,7 @@ def test_requeue_dead_with_filters_dry_run_and_progress():
     [
         ([], "one of the arguments --dead --ids is required"),
         (["--dead", "--ids", "1"], "not allowed with argument"),
-        (["--ids", "x"], "job ids are whole numbers"),
+        (["--ids", "x"], "must be a job id"),
         (["--ids", "1", "--type", "noop"], "narrow --dead"),
         (["--dead", "--queue", "nope"], "--queue 'nope' is not in DBQUEUE"),
     ],

@@ -298,7 +298,7 @@ def test_a_result_json_cannot_store_is_a_failure_not_a_dead_thread(start_worker)
         worker = start_worker(concurrency=1)
         bad = enqueue("bad-result")
         row = wait_state(bad.id, "dead")
-        assert row["errors"][0]["class"] == "django_dbqueue.worker.ResultError"
+        assert row["errors"][0]["class"] == "django_dbqueue.outcomes.ResultError"
         assert 'result["when"] is a datetime.date' in row["errors"][0]["message"]
         after = enqueue("noop")  # the only handler thread is still alive
         wait_state(after.id, "done")

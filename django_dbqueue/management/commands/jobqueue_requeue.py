@@ -1,23 +1,13 @@
-import argparse
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
 from django_dbqueue import store
 from django_dbqueue.conf import get_settings
+from django_dbqueue.management.arguments import whole_number
 from django_dbqueue.models import BackgroundJob
 
 BATCH = 1000
-
-
-def _job_id(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"job ids are whole numbers, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"job ids are positive, got {value}")
-    return value
 
 
 class Command(BaseCommand):
@@ -31,7 +21,11 @@ class Command(BaseCommand):
             "--dead", action="store_true", help="Every dead job (narrow with --type/--queue)."
         )
         which.add_argument(
-            "--ids", nargs="+", type=_job_id, metavar="ID", help="These jobs (dead or cancelled)."
+            "--ids",
+            nargs="+",
+            type=whole_number(1, "a job id (a whole number)"),
+            metavar="ID",
+            help="These jobs (dead or cancelled).",
         )
         parser.add_argument("--type", help="Only jobs of this type (with --dead).")
         parser.add_argument("--queue", help="Only jobs in this queue (with --dead).")

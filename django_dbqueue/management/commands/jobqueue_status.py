@@ -1,30 +1,10 @@
-import argparse
 import json
 
 from django.core.management.base import BaseCommand
 
 from django_dbqueue import scheduler, store
 from django_dbqueue.conf import get_settings
-
-
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _positive_seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-    return value
+from django_dbqueue.management.arguments import positive_seconds, whole_number
 
 
 class Command(BaseCommand):
@@ -37,7 +17,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
         parser.add_argument(
             "--fail-on-dead",
-            type=_non_negative_int,
+            type=whole_number(0),
             metavar="N",
             help="Exit 1 when more than N jobs are dead (0: any dead job fails).",
         )
@@ -48,7 +28,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--fail-on-oldest-pending",
-            type=_positive_seconds,
+            type=positive_seconds,
             metavar="SECONDS",
             help="Exit 1 when a due job has waited longer than SECONDS.",
         )

@@ -1,35 +1,8 @@
-import argparse
-
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from django_dbqueue.conf import get_settings
-
-
-def _positive_int():
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-        return value
-
-    return parse
-
-
-def _positive_float():
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
-        return value
-
-    return parse
+from django_dbqueue.management.arguments import positive_seconds, whole_number
 
 
 class Command(BaseCommand):
@@ -41,24 +14,24 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=_positive_int(),
+            type=whole_number(1),
             help="Handler threads per process.",
         )
         parser.add_argument(
             "--processes",
-            type=_positive_int(),
+            type=whole_number(1),
             default=1,
             help="Worker processes (default 1).",
         )
         parser.add_argument(
             "--poll-interval",
-            type=_positive_float(),
+            type=positive_seconds,
             help="Seconds between polls when idle.",
         )
         parser.add_argument("--burst", action="store_true", help="Run what is due now, then exit.")
         parser.add_argument(
             "--max-jobs",
-            type=_positive_int(),
+            type=whole_number(1),
             help="Exit after claiming this many jobs.",
         )
 
