@@ -109,8 +109,10 @@ class Acknowledger(threading.Thread):
         self.join(timeout)
         return not self.is_alive()
 
+    MAX_OTHER_ERRORS = 5  # a write that keeps failing for a reason other than the connection
+
     def _flush(self, done, failed):
-        attempt = 0
+        attempt = other = 0
         while done or failed:
             try:
                 if done:
@@ -134,6 +136,50 @@ class Acknowledger(threading.Thread):
                 )
                 # Keep retrying while the worker runs; at shutdown the caller's timeout bounds it.
                 time.sleep(delay)
+            except Exception:
+                # Not the connection: a constraint, a bug. Retry a few times, then give the
+                # batch up rather than wedge every later acknowledgement behind it. Its jobs stay
+                # running until their leases expire; the sweeper then records that and retries.
+                other += 1
+                logger.exception(
+                    "dbqueue could not write %d acknowledgements (attempt %d of %d)",
+                    len(done) + len(failed),
+                    other,
+                    self.MAX_OTHER_ERRORS,
+                )
+                reset_connection(
+                    self.using, self.session if not isinstance(self.session, str) else None
+                )
+                if len(done) > 1:
+                    # One bad row must not hold back its whole batch: write them one by one.
+                    done = self._write_done_singly(done)
+                    continue
+                if other >= self.MAX_OTHER_ERRORS:
+                    logger.error(
+                        "dbqueue gave up acknowledging jobs %s; the sweeper will take them back",
+                        [c.id for c, *_ in done + failed],
+                    )
+                    return
+                time.sleep(0.2 * other)
+
+    def _write_done_singly(self, done):
+        """Write each completion alone; returns those that failed for the connection's sake
+        (to retry). Those refused by the database itself are logged and left to the sweeper."""
+        retry = []
+        for item in done:
+            try:
+                self._write_done([item])
+            except DB_ERRORS:
+                retry.append(item)
+            except Exception:
+                logger.exception(
+                    "dbqueue could not acknowledge job=%s type=%s attempt=%s; the sweeper will "
+                    "take it back when its lease expires",
+                    item[0].id,
+                    item[0].type,
+                    item[0].attempt,
+                )
+        return retry
 
     def _write_done(self, done):
         matched = store.complete(self.session, [(c.id, c.attempt, r) for c, r in done])

@@ -8,7 +8,7 @@ import time
 from django.db import connections
 
 from . import registry, store
-from .dbretry import DB_ERRORS
+from .dbretry import DB_ERRORS, OTHER_DB_ERRORS
 from .outcomes import error_record
 from .session import Session
 
@@ -47,6 +47,12 @@ class Heartbeat(threading.Thread):
                     worker.note_db_error()
                     session.reset()
                     logger.warning("dbqueue heartbeat failed (%s); retrying", exc)
+                    next_beat = time.monotonic() + min(interval, 0.5 * failures)
+                    continue
+                except OTHER_DB_ERRORS:
+                    failures += 1
+                    session.reset()
+                    logger.exception("dbqueue heartbeat failed; retrying")
                     next_beat = time.monotonic() + min(interval, 0.5 * failures)
                     continue
                 for entry in held:

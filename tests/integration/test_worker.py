@@ -425,3 +425,28 @@ def test_worker_session_is_prepared_and_async_commit(fast_settings):
         assert durable.execute("SHOW synchronous_commit", {}) == [("on",)]
     finally:
         durable.close()
+
+
+def test_a_completion_the_database_refuses_does_not_hold_back_the_others(start_worker, caplog):
+    """A real CHECK refuses one job's completion: that job is logged and left to the sweeper,
+    the rest of its batch and every later acknowledgement still land."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "ALTER TABLE dbqueue_job ADD CONSTRAINT test_refuse_echo_done "
+            "CHECK (NOT (state = 'done' AND type = 'echo')) NOT VALID"
+        )
+    try:
+        refused = enqueue("echo", {"x": 1})
+        others = enqueue_many([("noop", {})] * 20)
+        start_worker()
+        for job in others:
+            wait_state(job.id, "done")
+        wait_until(
+            lambda: f"could not acknowledge job={refused.id}" in caplog.text, message="the log"
+        )
+        assert state_of(refused.id) == "running"
+        later = enqueue("noop")
+        wait_state(later.id, "done")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE dbqueue_job DROP CONSTRAINT test_refuse_echo_done")
