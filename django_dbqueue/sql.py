@@ -8,35 +8,31 @@ Time is always the database's ``now()``, never a worker's clock.
 # Enqueue: one round trip, one statement. pg_notify in RETURNING runs only for a row really
 # inserted and is delivered at commit; PostgreSQL folds identical notifications within a
 # transaction into one, so a transaction that enqueues many jobs on one queue wakes the workers
-# once. (A flat INSERT ... RETURNING costs measurably less than the same INSERT in a CTE.)
-INSERT_JOB = """
+# once. Four variants, built here once from one template: with or without an idempotency key
+# (ON CONFLICT makes "at most one job per key" hold under a race: the second inserter waits for
+# the first to commit, then inserts and notifies nothing), and due now or scheduled. The plain
+# variant is what nearly every enqueue runs, and the server parses and plans a statement with
+# fewer parameters and no expressions measurably faster.
+_INSERT_JOB = """
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
     lease_seconds, idempotency_key, errors, created_at
 )
 VALUES (
-    %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s,
-    COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second'),
-    0, %(max_attempts)s, %(lease)s, NULL, '[]'::jsonb, now()
+    %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s, {run_after},
+    0, %(max_attempts)s, %(lease)s, {key}, '[]'::jsonb, now()
 )
-RETURNING id, pg_notify(%(channel)s, queue)::text
+{conflict}RETURNING id, pg_notify(%(channel)s, queue)::text
 """
+_SCHEDULED = "COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second')"
+_ON_CONFLICT = "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING\n"
 
-# The same with an idempotency key. ON CONFLICT makes "at most one job per key" hold under a
-# race: the second inserter waits for the first to commit, then inserts (and notifies) nothing.
-INSERT_JOB_WITH_KEY = """
-INSERT INTO dbqueue_job (
-    type, queue, payload, state, priority, run_after, attempts, max_attempts,
-    lease_seconds, idempotency_key, errors, created_at
+INSERT_JOB = _INSERT_JOB.format(run_after="now()", key="NULL", conflict="")
+INSERT_JOB_SCHEDULED = _INSERT_JOB.format(run_after=_SCHEDULED, key="NULL", conflict="")
+INSERT_JOB_WITH_KEY = _INSERT_JOB.format(run_after="now()", key="%(key)s", conflict=_ON_CONFLICT)
+INSERT_JOB_SCHEDULED_WITH_KEY = _INSERT_JOB.format(
+    run_after=_SCHEDULED, key="%(key)s", conflict=_ON_CONFLICT
 )
-VALUES (
-    %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s,
-    COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second'),
-    0, %(max_attempts)s, %(lease)s, %(key)s, '[]'::jsonb, now()
-)
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, pg_notify(%(channel)s, queue)::text
-"""
 
 # The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs.
 INSERT_JOBS = """

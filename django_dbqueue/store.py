@@ -41,8 +41,13 @@ def _execute(db, statement, params):
 
 def insert_job(using, *, channel, **values):
     """Insert one job; returns its id, or ``None`` when its idempotency key already exists."""
-    statement = sql.INSERT_JOB if values.get("key") is None else sql.INSERT_JOB_WITH_KEY
-    rows = _execute(using, statement, {"channel": channel, **values})
+    scheduled = values["run_after"] is not None or values["delay"]
+    if values["key"] is None:
+        statement = sql.INSERT_JOB_SCHEDULED if scheduled else sql.INSERT_JOB
+    else:
+        statement = sql.INSERT_JOB_SCHEDULED_WITH_KEY if scheduled else sql.INSERT_JOB_WITH_KEY
+    values["channel"] = channel
+    rows = _execute(using, statement, values)
     return rows[0][0] if rows else None
 
 
