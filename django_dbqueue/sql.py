@@ -285,17 +285,22 @@ WHERE id IN (
 
 # Status --------------------------------------------------------------------------------------------
 # Counts per queue and state of the live states (pending, running, dead), the oldest due pending
-# job's age, and the stuck (lease expired) jobs. Finished rows (done, cancelled) are left out:
-# retention keeps them few, and counting them is the one part that grows with history.
+# job's age, and the stuck (lease expired) jobs. One aggregate per state, so each is served by
+# that state's partial index (claim, lease, finished) instead of a scan of the whole table.
+# Finished rows (done, cancelled) are left out: retention keeps them few, and counting them is
+# the one part that grows with history.
 STATUS_COUNTS = """
-SELECT queue, state, count(*),
-       count(*) FILTER (WHERE state = 'running' AND leased_until < now()) AS stuck,
-       EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE state = 'pending' AND run_after <= now())) AS oldest_due,
-       count(*) FILTER (WHERE state = 'pending' AND run_after > now()) AS scheduled
-FROM dbqueue_job
-WHERE state IN ('pending', 'running', 'dead')
-GROUP BY queue, state
-ORDER BY queue, state
+SELECT queue, 'pending' AS state, count(*), 0 AS stuck,
+       EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now())) AS oldest_due,
+       count(*) FILTER (WHERE run_after > now()) AS scheduled
+FROM dbqueue_job WHERE state = 'pending' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*), count(*) FILTER (WHERE leased_until < now()), NULL, 0
+FROM dbqueue_job WHERE state = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*), 0, NULL, 0
+FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+ORDER BY 1, 2
 """
 
 # Scheduler -------------------------------------------------------------------------------------

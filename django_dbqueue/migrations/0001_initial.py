@@ -68,8 +68,8 @@ class Migration(migrations.Migration):
         ),
         # A queue table is rewritten constantly: every job is inserted, updated two or three
         # times and deleted. Vacuum it after 1% of rows changed instead of 20%, and leave room
-        # in each page (fillfactor) so that state updates can be HOT updates that touch no index
-        # except the partial ones that change.
+        # in each page (fillfactor) so that a job's new row versions can stay on its page. (They
+        # are not HOT updates: every state change touches a column the partial indexes use.)
         migrations.RunSQL(
             sql=(
                 "ALTER TABLE dbqueue_job SET (fillfactor = 80, "

@@ -18,8 +18,13 @@ SIGTERM_LOGGED = "SIGTERM received, finishing running jobs"
 
 
 def wait_running(job_ids, timeout=20):
+    """Wait until each job's handler has *started* (its effect row is written): a claimed job
+    may still sit prefetched in the worker, and a SIGTERM then releases it instead."""
     wait_until(
-        lambda: states(job_ids)["running"] == len(job_ids),
+        lambda: (
+            states(job_ids)["running"] == len(job_ids)
+            and {row[0] for row in effects(job_ids)} == set(job_ids)
+        ),
         timeout=timeout,
         message=f"jobs {job_ids} to be running",
     )
@@ -27,7 +32,7 @@ def wait_running(job_ids, timeout=20):
 
 def test_sigterm_lets_a_running_handler_finish_and_exits_0(start_worker, tmp_path):
     flag = tmp_path / "finish"
-    job_id = enqueue("sleep", {"seconds": 60, "until_file": str(flag)}).id
+    job_id = enqueue("slow-record", {"seconds": 60, "until_file": str(flag)}).id
     worker = start_worker(settings=FAST)
     wait_running([job_id])
 
@@ -45,7 +50,7 @@ def test_sigterm_lets_a_running_handler_finish_and_exits_0(start_worker, tmp_pat
 
 def test_sigterm_releases_prefetched_jobs_without_spending_attempts(start_worker, tmp_path):
     flag = tmp_path / "finish"
-    blocker = enqueue("sleep", {"seconds": 60, "until_file": str(flag)}).id
+    blocker = enqueue("slow-record", {"seconds": 60, "until_file": str(flag)}).id
     worker = start_worker("--concurrency", "1", settings=FAST)
     wait_running([blocker])
     # The only handler thread is busy: what the worker claims now is prefetched, never started.
@@ -76,7 +81,7 @@ def test_sigterm_releases_prefetched_jobs_without_spending_attempts(start_worker
 
 
 def test_sigterm_releases_a_handler_that_outlives_the_grace(start_worker):
-    job_id = enqueue("sleep", {"seconds": 120}).id
+    job_id = enqueue("slow-record", {"seconds": 120}).id
     worker = start_worker(settings=FAST)
     wait_running([job_id])
 
@@ -94,7 +99,7 @@ def test_sigterm_releases_a_handler_that_outlives_the_grace(start_worker):
 
 
 def test_a_second_sigterm_exits_at_once(start_worker):
-    job_id = enqueue("sleep", {"seconds": 120}).id
+    job_id = enqueue("slow-record", {"seconds": 120}).id
     worker = start_worker(settings=FAST)
     wait_running([job_id])
 

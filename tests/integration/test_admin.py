@@ -201,3 +201,39 @@ def test_changelist_query_count_does_not_grow_with_rows(as_user, django_assert_m
         response = client.get(reverse(CHANGELIST))
     assert response.context["cl"].result_count == 10001  # capped, not a full count
     assert store.status("default") == {}
+
+
+def test_status_summary_reads_partial_indexes_not_the_whole_table():
+    """The summary on every changelist page must not scan finished history."""
+    import json as jsonlib
+
+    from django_dbqueue import sql
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+               max_attempts, lease_seconds, errors, created_at, finished_at)
+               SELECT 'noop', 'default', '{}', 'done', 0, now(), 1, 10, 60, '[]', now(), now()
+               FROM generate_series(1, 100000)"""
+        )
+        cursor.execute("ANALYZE dbqueue_job")
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql.STATUS_COUNTS)
+        plan = cursor.fetchone()[0]
+    plan = jsonlib.loads(plan) if isinstance(plan, str) else plan
+
+    def nodes(node):
+        yield node
+        for child in node.get("Plans", []):
+            yield from nodes(child)
+
+    scans = [
+        n["Node Type"] for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "dbqueue_job"
+    ]
+    assert scans and "Seq Scan" not in scans, scans
+
+
+def test_changelists_offer_no_facet_counts(as_user):
+    client = as_user()
+    response = client.get(reverse(CHANGELIST), {"_facets": "True"})
+    assert response.status_code == 200
+    assert not response.context["cl"].add_facets
