@@ -112,6 +112,12 @@ class BackgroundJob(models.Model):
                 name="dbqueue_job_lease_idx",
                 condition=Q(state=JobState.RUNNING),
             ),
+            # The status summary's count of dead letters per queue, from the index alone.
+            models.Index(
+                fields=["queue"],
+                name="dbqueue_job_dead_queue_idx",
+                condition=Q(state=JobState.DEAD),
+            ),
             # Retention and the dead-letter views: finished rows by age.
             models.Index(
                 fields=["state", "finished_at"],
