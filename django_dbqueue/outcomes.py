@@ -24,11 +24,10 @@ class ResultError(TypeError):
 
 
 def encode_result(result):
+    """The handler's return value as JSON text, or ``ResultError`` naming the bad value's path."""
     if result is None:
         return None
     try:
-        return payloads.dumps(result)
+        return payloads.dumps(result, "result")
     except payloads.PayloadError as exc:
-        raise ResultError(
-            f"the handler's return value cannot be stored: {str(exc).replace('payload', 'result', 1)}"
-        ) from None
+        raise ResultError(f"the handler's return value cannot be stored: {exc}") from None
