@@ -1,9 +1,7 @@
 """The django.tasks backend; imported through django_dbqueue.tasks, which checks the version."""
 
-import importlib
 from dataclasses import dataclass
 
-from django.apps import apps
 from django.core.checks import Error
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
@@ -192,27 +190,20 @@ def _result_from_row(result_id, row, alias, *, task=None):
     return result
 
 
-def _importable(module_path):
-    """Only modules inside an installed app may be imported on a row's say-so."""
-    packages = {config.module.__name__ for config in apps.get_app_configs()}
-    return any(module_path == p or module_path.startswith(p + ".") for p in packages)
-
-
 def resolve_task(path, alias):
-    """The ``Task`` a stored path names, if it is a Task bound to a DBQueueBackend; else None."""
-    task = _known_tasks.get(path)
-    if task is None and isinstance(path, str) and "." in path:
-        module_path, _, name = path.rpartition(".")
-        if _importable(module_path):
-            try:
-                module = importlib.import_module(module_path)
-            except ImportError:
-                return None
-            task = getattr(module, name, None)
-    if not isinstance(task, Task):
+    """The ``Task`` a stored path names, if this worker knows it as a Task bound to a
+    DBQueueBackend under ``alias``; else None.
+
+    Only tasks already known to the process count: those validated by a DBQueueBackend when
+    their module was imported (the worker imports every installed app's ``tasks`` module at
+    start). Nothing is imported because a row names it.
+    """
+    task = _known_tasks.get(path) if isinstance(path, str) else None
+    if not isinstance(task, Task) or task.backend != alias:
         return None
-    backend = task_backends[task.backend] if task.backend in task_backends.settings else None
-    if not isinstance(backend, DBQueueBackend) or task.backend != alias:
+    if task.backend not in task_backends.settings:
+        return None
+    if not isinstance(task_backends[task.backend], DBQueueBackend):
         return None
     return task
 
@@ -231,8 +222,9 @@ def run_task(ctx):
     if task is None:
         raise DiscardJob(
             f"{payload.get('task')!r} is not a django.tasks Task bound to a DBQueueBackend "
-            f"(alias {alias!r}) in this worker; it was not run. Is its module imported by an "
-            "installed app, and does its @task use that backend?"
+            f"(alias {alias!r}) known to this worker; it was not run and nothing was imported. "
+            "Define @task functions in an installed app's tasks.py (imported at worker start), "
+            "bound to that backend."
         )
     backend = task_backends[alias]
     result = backend.get_result(str(ctx.id))

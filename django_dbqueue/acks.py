@@ -137,30 +137,38 @@ class Acknowledger(threading.Thread):
                 # Keep retrying while the worker runs; at shutdown the caller's timeout bounds it.
                 time.sleep(delay)
             except Exception:
-                # Not the connection: a constraint, a bug. Retry a few times, then give the
-                # batch up rather than wedge every later acknowledgement behind it. Its jobs stay
-                # running until their leases expire; the sweeper then records that and retries.
+                # Not the connection: a constraint, a value the database refuses, a bug. Narrow
+                # it down to the one write that fails and give up only that one, so it never holds
+                # back the rest. A job given up here stays running until its lease expires; the
+                # sweeper then records that and retries it.
                 other += 1
                 logger.exception(
-                    "dbqueue could not write %d acknowledgements (attempt %d of %d)",
+                    "dbqueue could not write %d acknowledgements (attempt %d)",
                     len(done) + len(failed),
                     other,
-                    self.MAX_OTHER_ERRORS,
                 )
                 reset_connection(
                     self.using, self.session if not isinstance(self.session, str) else None
                 )
                 if len(done) > 1:
-                    # One bad row must not hold back its whole batch: write them one by one.
                     done = self._write_done_singly(done)
                     continue
                 if other >= self.MAX_OTHER_ERRORS:
+                    given_up = done[0][0] if done else failed[0][0]
                     logger.error(
-                        "dbqueue gave up acknowledging jobs %s; the sweeper will take them back",
-                        [c.id for c, *_ in done + failed],
+                        "dbqueue gave up acknowledging job=%s type=%s attempt=%s; the sweeper "
+                        "will take it back when its lease expires",
+                        given_up.id,
+                        given_up.type,
+                        given_up.attempt,
                     )
-                    return
-                time.sleep(0.2 * other)
+                    if done:
+                        done = []
+                    else:
+                        failed.pop(0)
+                    other = 0
+                    continue
+                time.sleep(0.1 * other)
 
     def _write_done_singly(self, done):
         """Write each completion alone; returns those that failed for the connection's sake
@@ -182,7 +190,9 @@ class Acknowledger(threading.Thread):
         return retry
 
     def _write_done(self, done):
-        matched = store.complete(self.session, [(c.id, c.attempt, r) for c, r in done])
+        # In id order, like the heartbeat, so the two never lock the same rows in opposite orders.
+        acks = sorted((c.id, c.attempt, r) for c, r in done)
+        matched = store.complete(self.session, acks, worker=self.worker_id)
         self.succeeded += len(matched)
         for ctx, _ in done:
             if ctx.id not in matched:
@@ -203,7 +213,13 @@ class Acknowledger(threading.Thread):
 
     def _write_failure(self, ctx, error, delay, dead):
         state = store.fail(
-            self.using, job_id=ctx.id, attempt=ctx.attempt, error=error, delay=delay, dead=dead
+            self.using,
+            worker=self.worker_id,
+            job_id=ctx.id,
+            attempt=ctx.attempt,
+            error=error,
+            delay=delay,
+            dead=dead,
         )
         if state is None:
             self.fenced += 1

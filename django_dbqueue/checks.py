@@ -18,6 +18,7 @@ Ids are stable and listed in docs/checks.md:
 """
 
 import difflib
+import math
 import numbers
 
 from django.conf import settings
@@ -33,12 +34,16 @@ def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=F
         return allow_none
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
+    if not math.isfinite(value) or value > MAX_SETTING:
+        return False  # inf/NaN pass comparisons and then break interval arithmetic in SQL
     if integer and not isinstance(value, int):
         return False
     if minimum is not None:
         return value > minimum if exclusive else value >= minimum
     return True
 
+
+MAX_SETTING = 10 * 365 * 86400  # no number of seconds (or count) in DBQUEUE is larger: 10 years
 
 # key -> (predicate, what it must be)
 _RULES = {
@@ -51,7 +56,10 @@ _RULES = {
         "an integer >= 0 or None",
     ),
     "POLL_INTERVAL": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
-    "LEASE": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
+    "LEASE": (
+        lambda v: _number(v, minimum=0, exclusive=True) and v <= 86400,
+        "a number of seconds > 0, at most 86400",
+    ),
     "HEARTBEAT_INTERVAL": (
         lambda v: _number(v, minimum=0, exclusive=True),
         "a number of seconds > 0",

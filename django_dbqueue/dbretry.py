@@ -21,3 +21,18 @@ def reset_connection(using, session=None):
     with contextlib.suppress(DatabaseError):
         connection.close()
     connection.connection = None
+
+
+def discard_connection(connection):
+    """Close a Django connection a handler left inside a transaction, and clear the transaction
+    state Django keeps for it, so that the thread's next job starts clean (closing alone leaves
+    ``in_atomic_block`` set and every later query fails with "the connection is closed")."""
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+    connection.connection = None
+    connection.in_atomic_block = False
+    connection.atomic_blocks = []
+    connection.savepoint_ids = []
+    connection.needs_rollback = False
+    connection.closed_in_transaction = False
+    connection.autocommit = True

@@ -135,7 +135,16 @@ class Delivery:
                 "settle_delivery() to settle an unconfirmed delivery from outside its job"
             )
         self.settled = True
-        if settle_delivery(self.key, state, reference=reference, error=error, using=self.using):
+        params = {
+            "key": self.key,
+            "state": state,
+            "reference": reference,
+            "error": error,
+            "holder": True,
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+        }
+        if _run(self.using, sql.SETTLE_DELIVERY, params):
             self.state, self.provider_reference, self.error = state, reference, error
             return True
         current = _load(self.key, self.using)
@@ -153,11 +162,16 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
     _check_key(key)
     if state not in ("sent", "failed"):
         raise ValueError(f"a delivery is settled as 'sent' or 'failed', got {state!r}")
-    rows = _run(
-        using or get_settings().DATABASE,
-        sql.SETTLE_DELIVERY,
-        {"key": key, "state": state, "reference": str(reference or ""), "error": str(error or "")},
-    )
+    params = {
+        "key": key,
+        "state": state,
+        "reference": str(reference or ""),
+        "error": str(error or ""),
+        "holder": False,
+        "job_id": None,
+        "attempt": 0,
+    }
+    rows = _run(using or get_settings().DATABASE, sql.SETTLE_DELIVERY, params)
     return bool(rows)
 
 

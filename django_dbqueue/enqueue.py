@@ -60,6 +60,8 @@ def _seconds(value, name):
         raise EnqueueError(f"{name} must be seconds or a timedelta, got {value!r}")
     if value < 0:
         raise EnqueueError(f"{name} must not be negative, got {value!r}")
+    if not value < 1e10:  # also NaN and inf, which would fail in SQL inside your transaction
+        raise EnqueueError(f"{name} must be a finite number of seconds below 1e10, got {value!r}")
     return float(value)
 
 

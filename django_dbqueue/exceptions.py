@@ -40,9 +40,9 @@ class RetryJob(Exception):
     def __init__(self, delay=0.0, reason=""):
         if hasattr(delay, "total_seconds"):
             delay = delay.total_seconds()
-        if not isinstance(delay, int | float) or delay < 0:
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 1e12:
             raise ValueError(
-                f"RetryJob delay must be a non-negative number of seconds, got {delay!r}"
+                f"RetryJob delay must be a finite number of seconds >= 0, got {delay!r}"
             )
         self.delay = float(delay)
         self.reason = reason

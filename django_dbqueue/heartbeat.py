@@ -40,7 +40,8 @@ class Heartbeat(threading.Thread):
                 with worker._lock:
                     held = [e for e in worker._inflight.values() if not (e.timed_out or e.lost)]
                 try:
-                    kept = store.extend_leases(session, [(e.ctx.id, e.ctx.attempt) for e in held])
+                    pairs = sorted((e.ctx.id, e.ctx.attempt) for e in held)
+                    kept = store.extend_leases(session, pairs, worker=worker.worker_id)
                     failures = 0
                 except DB_ERRORS as exc:
                     failures += 1

@@ -6,15 +6,33 @@ import traceback
 from . import payloads
 
 
+def _text(text):
+    """jsonb cannot hold NUL characters, and a runaway traceback should not bloat the row."""
+    text = text.replace("\x00", "\\x00")
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 20] + "\n... (truncated)"
+
+
+def _describe(exc):
+    try:
+        return str(exc)
+    except Exception:  # an exception whose __str__ raises must still be recorded
+        return f"<unprintable {type(exc).__name__}>"
+
+
 def error_record(exc, *, attempt, worker_id, message=None):
     """The entry kept in the job's ``errors`` list for one failed attempt."""
+    cls = type(exc)
+    try:
+        trace = "".join(traceback.format_exception(exc))
+    except Exception:
+        trace = ""
     return {
         "attempt": attempt,
-        "class": f"{type(exc).__module__}.{type(exc).__qualname__}"
-        if type(exc).__module__ != "builtins"
-        else type(exc).__qualname__,
-        "message": message if message is not None else str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
+        "class": cls.__qualname__
+        if cls.__module__ == "builtins"
+        else f"{cls.__module__}.{cls.__qualname__}",
+        "message": _text(message if message is not None else _describe(exc)),
+        "traceback": _text(trace),
         "worker": worker_id,
     }
 
@@ -31,3 +49,18 @@ def encode_result(result):
         return payloads.dumps(result, "result")
     except payloads.PayloadError as exc:
         raise ResultError(f"the handler's return value cannot be stored: {exc}") from None
+
+
+MAX_DELAY = 30 * 86400.0  # seconds: the longest retry delay a handler or a backoff may ask for
+MAX_TEXT = 20_000  # characters of a message or traceback kept per attempt
+
+
+def clamp_delay(delay):
+    """A retry delay PostgreSQL's interval arithmetic accepts: finite, 0 to 30 days."""
+    try:
+        delay = float(delay)
+    except (TypeError, ValueError):
+        return 60.0
+    if delay != delay:  # NaN
+        return 60.0
+    return min(max(delay, 0.0), MAX_DELAY)

@@ -13,6 +13,7 @@ from .exceptions import JobRegistrationError
 from .states import MAX_PRIORITY, MIN_PRIORITY
 
 _UNSET: Any = object()
+MAX_LEASE = 86400.0  # seconds: a lease or timeout longer than a day is a mistake (heartbeats renew)
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,13 @@ def _validate_options(name, queue, max_attempts, lease, backoff, timeout, priori
         )
     for label, value in (("lease", lease), ("timeout", timeout)):
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value <= MAX_LEASE
         ):
             raise JobRegistrationError(
-                f"{where}: {label} must be a positive number of seconds, got {value!r}"
+                f"{where}: {label} must be a positive number of seconds, at most {MAX_LEASE:g}, "
+                f"got {value!r}"
             )
     if backoff is not None and not callable(backoff):
         raise JobRegistrationError(

@@ -187,7 +187,7 @@ def parse_entry(name, entry, conf):
             ZoneInfo(zone)
         except (ZoneInfoNotFoundError, ValueError, TypeError):
             raise ScheduleError(f"{where}['timezone'] {zone!r} is not a known time zone") from None
-    return Schedule(
+    schedule = Schedule(
         name=name,
         type=job_type,
         payload=payload,
@@ -199,6 +199,14 @@ def parse_entry(name, entry, conf):
         misfire_grace=float(grace),
         timezone=zone,
     )
+    try:
+        if schedule.next_tick(datetime.datetime.now(datetime.UTC)) is None:
+            raise ValueError("no tick in the next ten years")
+    except Exception as exc:  # croniter accepts expressions that never fire, e.g. 30 February
+        raise ScheduleError(
+            f"{where}['cron'] {cron!r} never comes due: {exc}", "dbqueue.E008"
+        ) from None
+    return schedule
 
 
 def schedules(conf=None):
@@ -223,7 +231,12 @@ class Scheduler:
         """One pass over every entry. Returns ``{"enqueued": n, "skipped": n}``."""
         counts = {"enqueued": 0, "skipped": 0}
         for schedule in self.schedules:
-            enqueued, skipped = self._tick(schedule)
+            try:
+                enqueued, skipped = self._tick(schedule)
+            except Exception:
+                # One broken entry must not stop the others (nor the worker's claim loop).
+                logger.exception("dbqueue schedule %r: this pass failed", schedule.name)
+                continue
             counts["enqueued"] += enqueued
             counts["skipped"] += skipped
         return counts
@@ -275,5 +288,9 @@ def status(using=None):
     rows = []
     for schedule in schedules(conf):
         previous = last.get(schedule.name)
-        rows.append((schedule.name, previous, schedule.next_tick(max(previous or now, now))))
+        try:
+            upcoming = schedule.next_tick(max(previous or now, now))
+        except Exception:
+            upcoming = None
+        rows.append((schedule.name, previous, upcoming))
     return rows

@@ -99,14 +99,17 @@ RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.
           j.idempotency_key, j.priority, j.created_at
 """
 
-# Batched acknowledgement of successes. Fenced by (id, attempt) and state: a worker whose lease
-# expired and whose job was claimed again matches nothing here, so it cannot overwrite the new
-# holder's state. The ids it did not match come back missing from RETURNING.
+# Batched acknowledgement of successes. Fenced by (id, attempt, worker) and state: a worker whose
+# lease expired and whose job was claimed again matches nothing here, so it cannot overwrite the
+# new holder's state. The worker is part of the fence because an attempt number alone can be
+# handed out twice (a requeue resets attempts; a release gives one back). The ids it did not
+# match come back missing from RETURNING.
 COMPLETE_JOBS = """
 UPDATE dbqueue_job AS j
 SET state = 'done', finished_at = now(), leased_until = NULL, result = c.result::jsonb
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[]) AS c(id, attempt, result)
 WHERE j.id = c.id AND j.attempts = c.attempt AND j.state = 'running'
+  AND j.worker_id = %(worker)s
 RETURNING j.id
 """
 
@@ -120,7 +123,7 @@ SET state = CASE WHEN %(dead)s OR attempts >= max_attempts THEN 'dead' ELSE 'pen
                      ELSE now() + %(delay)s * interval '1 second' END,
     leased_until = NULL,
     errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
-WHERE id = %(id)s AND attempts = %(attempt)s AND state = 'running'
+WHERE id = %(id)s AND attempts = %(attempt)s AND state = 'running' AND worker_id = %(worker)s
 RETURNING state, run_after
 """
 
@@ -131,6 +134,7 @@ UPDATE dbqueue_job AS j
 SET leased_until = now() + j.lease_seconds * interval '1 second'
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempt)
 WHERE j.id = h.id AND j.attempts = h.attempt AND j.state = 'running'
+  AND j.worker_id = %(worker)s
 RETURNING j.id
 """
 
@@ -141,6 +145,7 @@ UPDATE dbqueue_job AS j
 SET state = 'pending', attempts = j.attempts - 1, leased_until = NULL, worker_id = NULL
 FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r(id, attempt)
 WHERE j.id = r.id AND j.attempts = r.attempt AND j.state = 'running'
+  AND j.worker_id = %(worker)s
 RETURNING j.id
 """
 
@@ -210,11 +215,15 @@ FROM dbqueue_delivery WHERE key = %(key)s
 """
 
 # Settle a recorded delivery: sent (with the provider's reference) or failed (with the error).
-# Only a 'recorded' row moves, so a late or repeated confirmation changes nothing.
+# Only a 'recorded' row moves, so a late or repeated confirmation changes nothing. A run that
+# holds the record settles it only while it is still its own (same job and attempt): if a person
+# failed it meanwhile and a later attempt re-recorded it, the old run's late word is refused.
 SETTLE_DELIVERY = """
 UPDATE dbqueue_delivery
 SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s, updated_at = now()
 WHERE key = %(key)s AND state = 'recorded'
+  AND (%(holder)s::boolean IS NOT TRUE
+       OR (job_id IS NOT DISTINCT FROM %(job_id)s::bigint AND attempt = %(attempt)s::int))
 RETURNING id
 """
 

@@ -70,7 +70,7 @@ def claim(using, *, worker_id, queues, limits, limit):
     return [ClaimedRow(*row) for row in rows]
 
 
-def complete(using, acks):
+def complete(using, acks, *, worker):
     """Mark ``[(id, attempt, result_json_or_None), ...]`` done; returns the set of ids that matched.
 
     An id missing from the result was fenced out: its lease was lost and the job claimed again.
@@ -81,12 +81,12 @@ def complete(using, acks):
     rows = _execute(
         using,
         sql.COMPLETE_JOBS,
-        {"ids": list(ids), "attempts": list(attempts), "results": list(results)},
+        {"ids": list(ids), "attempts": list(attempts), "results": list(results), "worker": worker},
     )
     return {row[0] for row in rows}
 
 
-def fail(using, *, job_id, attempt, error, delay, dead=False):
+def fail(using, *, job_id, attempt, worker, error, delay, dead=False):
     """Record a failed attempt: retry after ``delay`` seconds, or dead (spent or ``dead=True``).
 
     Returns the new state, or ``None`` when the write was fenced out.
@@ -97,6 +97,7 @@ def fail(using, *, job_id, attempt, error, delay, dead=False):
         {
             "id": job_id,
             "attempt": attempt,
+            "worker": worker,
             "error": json.dumps(error),
             "delay": float(delay),
             "dead": bool(dead),
@@ -105,21 +106,23 @@ def fail(using, *, job_id, attempt, error, delay, dead=False):
     return rows[0][0] if rows else None
 
 
-def extend_leases(using, held):
+def extend_leases(using, held, *, worker):
     """Heartbeat ``[(id, attempt), ...]``; returns the ids whose lease this worker still holds."""
     if not held:
         return set()
     ids, attempts = zip(*held, strict=True)
-    rows = _execute(using, sql.EXTEND_LEASES, {"ids": list(ids), "attempts": list(attempts)})
+    params = {"ids": list(ids), "attempts": list(attempts), "worker": worker}
+    rows = _execute(using, sql.EXTEND_LEASES, params)
     return {row[0] for row in rows}
 
 
-def release(using, held):
+def release(using, held, *, worker):
     """Return ``[(id, attempt), ...]`` to pending without spending the attempt."""
     if not held:
         return set()
     ids, attempts = zip(*held, strict=True)
-    rows = _execute(using, sql.RELEASE_JOBS, {"ids": list(ids), "attempts": list(attempts)})
+    params = {"ids": list(ids), "attempts": list(attempts), "worker": worker}
+    rows = _execute(using, sql.RELEASE_JOBS, params)
     return {row[0] for row in rows}
 
 

@@ -24,12 +24,12 @@ from . import registry, store
 from .acks import Acknowledger
 from .conf import get_settings
 from .context import JobContext
-from .dbretry import DB_ERRORS, OTHER_DB_ERRORS, reset_connection
+from .dbretry import DB_ERRORS, OTHER_DB_ERRORS, discard_connection, reset_connection
 from .deliveries import close_side_connections
 from .exceptions import DiscardJob, RetryJob
 from .heartbeat import Heartbeat
 from .notifications import Listener
-from .outcomes import encode_result, error_record
+from .outcomes import clamp_delay, encode_result, error_record
 from .scheduler import Scheduler
 from .session import Session
 from .sweeper import Sweeper
@@ -101,7 +101,9 @@ class Worker:
         self._wakeup = threading.Event()
         self._want_capacity = False
         self._lock = threading.Lock()
-        self._inflight: dict[int, _Inflight] = {}
+        # Keyed by (id, attempt): a job given up here (timeout, lost lease) can be claimed again
+        # by this same worker while the old attempt's thread is still running.
+        self._inflight: dict[tuple[int, int], _Inflight] = {}
         self._work: queue_module.SimpleQueue = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._signals = 0
@@ -176,7 +178,7 @@ class Worker:
             job_type = registry.get(ctx.type)
             entry = _Inflight(ctx, job_type.timeout if job_type else None)
             with self._lock:
-                self._inflight[ctx.id] = entry
+                self._inflight[(ctx.id, ctx.attempt)] = entry
             self._work.put(entry)
         if rows and logger.isEnabledFor(logging.DEBUG):
             logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
@@ -213,7 +215,10 @@ class Worker:
                     and loop is None
                 ):
                     loop = asyncio.new_event_loop()
-                self._run_job(entry, loop)
+                try:
+                    self._run_job(entry, loop)
+                except Exception:  # a bug of ours: log it, keep the thread alive
+                    logger.exception("dbqueue: internal error running job=%s", entry.ctx.id)
         finally:
             if loop is not None:
                 loop.close()
@@ -244,10 +249,13 @@ class Worker:
                 ctx.attempt,
             )
         except RetryJob as exc:
-            self._failed(entry, exc, delay=exc.delay)
+            self._failed(entry, exc, delay=clamp_delay(exc.delay))
         except DiscardJob as exc:
             self._failed(entry, exc, delay=0, dead=True)
-        except Exception as exc:
+        except BaseException as exc:
+            # Exception, but also SystemExit from a handler's sys.exit(), an async handler's
+            # CancelledError or a KeyboardInterrupt raised into this thread: the job failed, the
+            # thread lives on.
             if isinstance(exc, DB_ERRORS):
                 self.note_db_error()
             self._failed(entry, exc, delay=self._retry_delay(job_type, ctx.attempt))
@@ -270,12 +278,13 @@ class Worker:
             result_json = encode_result(self._call(job_type, ctx, loop))
             if entry.timed_out or entry.lost:
                 raise _FencedOut
-            if not store.complete(self.using, [(ctx.id, ctx.attempt, result_json)]):
+            acks = [(ctx.id, ctx.attempt, result_json)]
+            if not store.complete(self.using, acks, worker=self.worker_id):
                 raise _FencedOut
 
     def _retry_delay(self, job_type, attempt):
         try:
-            return registry.retry_delay(job_type, attempt, self.conf)
+            return clamp_delay(registry.retry_delay(job_type, attempt, self.conf))
         except Exception:  # a broken backoff callable must not lose the failure
             logger.exception(
                 "dbqueue: the backoff of job type %r failed; retrying in 60s",
@@ -303,16 +312,18 @@ class Worker:
                     connection.errors_occurred = False
                 else:
                     connection.close()
-            if connection.in_atomic_block:  # pragma: no cover - a handler leaked a transaction
+            if connection.in_atomic_block or (
+                connection.connection is not None and not connection.get_autocommit()
+            ):
                 logger.error(
-                    "dbqueue: a handler left a transaction open on %r; rolling back",
+                    "dbqueue: a handler left a transaction open on %r; rolling it back",
                     connection.alias,
                 )
-                connection.close()
+                discard_connection(connection)
 
     def _finish(self, entry, released=False):
         with self._lock:
-            self._inflight.pop(entry.ctx.id, None)
+            self._inflight.pop((entry.ctx.id, entry.ctx.attempt), None)
             free = self.concurrency + self.prefetch - len(self._inflight)
             # Wake the claim loop when a real batch fits again (or when the worker went idle,
             # which a burst run waits for); waking on every finish would claim one job at a time.
@@ -395,16 +406,20 @@ class Worker:
                     )
                     self.stop()
                     break
+                # Maintenance first, each on its own: a sweep, a schedule or a status line that
+                # fails is logged and tried again at its next interval, and never stops claiming.
+                if now >= next_sweep:
+                    next_sweep = now + self.conf.SWEEP_INTERVAL
+                    self._maintenance("sweep", self.sweeper.run_once)
+                if self.scheduler.schedules and now >= next_schedule:
+                    next_schedule = now + self.conf.SCHEDULE_INTERVAL
+                    self._maintenance("scheduler", self.scheduler.run_once)
+                if self.conf.STATUS_INTERVAL and now >= next_status:
+                    next_status = now + self.conf.STATUS_INTERVAL
+                    last_counts = (
+                        self._maintenance("status", self._status_line, last_counts) or last_counts
+                    )
                 try:
-                    if now >= next_sweep:
-                        self.sweeper.run_once()
-                        next_sweep = now + self.conf.SWEEP_INTERVAL
-                    if self.scheduler.schedules and now >= next_schedule:
-                        self.scheduler.run_once()
-                        next_schedule = now + self.conf.SCHEDULE_INTERVAL
-                    if self.conf.STATUS_INTERVAL and now >= next_status:
-                        last_counts = self._status_line(last_counts)
-                        next_status = now + self.conf.STATUS_INTERVAL
                     self._wakeup.clear()
                     claimed, asked = self.run_once()
                     errors = 0
@@ -426,7 +441,9 @@ class Worker:
                     logger.exception(
                         "dbqueue worker: database error in the claim loop; retrying in %.1fs", delay
                     )
-                    reset_connection(self.using)
+                    # Also drops the session's prepared statements, which a migration can make
+                    # invalid ("cached plan must not change result type").
+                    reset_connection(self.using, self.session)
                     self.stopping.wait(delay)
                     continue
                 if self.max_jobs is not None and self.claimed_total >= self.max_jobs:
@@ -461,6 +478,18 @@ class Worker:
             self._shutdown()
         return 0
 
+    def _maintenance(self, what, func, *args):
+        try:
+            return func(*args)
+        except DB_ERRORS as exc:
+            self.note_db_error()
+            reset_connection(self.using)
+            logger.warning("dbqueue %s failed, the database connection was lost (%s)", what, exc)
+        except Exception:
+            reset_connection(self.using)
+            logger.exception("dbqueue %s failed; trying again at its next interval", what)
+        return None
+
     def _status_line(self, last):
         """Print one summary line when anything happened since the last one."""
         counts = (self.acks.succeeded, self.acks.failed + self.acks.dead, self.claimed_total)
@@ -479,7 +508,7 @@ class Worker:
         held = [(e.ctx.id, e.ctx.attempt) for e in entries if not (e.timed_out or e.lost)]
         for attempt in range(5):
             try:
-                released = store.release(self.using, held)
+                released = store.release(self.using, held, worker=self.worker_id)
                 for entry in entries:
                     if entry.ctx.id in released:
                         logger.info(
@@ -498,13 +527,13 @@ class Worker:
     def _shutdown(self):
         """Stop: after a signal, release unstarted jobs and give running ones the grace period;
         after ``burst`` or ``max_jobs``, let everything claimed finish."""
-        if not self._releasing:
-            while True:
-                with self._lock:
-                    remaining = list(self._inflight.values())
-                if not remaining:
-                    break
-                remaining[0].done.wait(0.1)
+        # A signal during this wait switches to the graceful stop below (grace, then release).
+        while not self._releasing:
+            with self._lock:
+                remaining = list(self._inflight.values())
+            if not remaining:
+                break
+            remaining[0].done.wait(0.1)
         self.stopping.set()
         grace = self.conf.SHUTDOWN_GRACE
         # Jobs claimed but not started go back at once, in one statement.

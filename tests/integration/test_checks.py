@@ -98,3 +98,18 @@ def test_w002_atomic_type_with_a_long_or_no_timeout(settings):
     finally:
         registry.unregister("atomic-forever")
         registry.unregister("atomic-long")
+
+
+@pytest.mark.parametrize("key", ["POLL_INTERVAL", "DONE_RETENTION", "BACKOFF_CAP", "LEASE"])
+def test_e003_infinite_numbers_are_refused(key, settings):
+    found = ids({"QUEUES": {"default": {}, "emails": {}}, key: float("inf")}, settings)
+    assert "dbqueue.E003" in [i for i, _, _ in found]
+
+
+def test_e008_cron_that_never_fires(settings):
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {"leap": {"cron": "0 0 30 2 *", "type": "noop"}},
+    }
+    found = [(m.id, m.msg) for m in check_settings()]
+    assert [i for i, _ in found] == ["dbqueue.E008"] and "never comes due" in found[0][1]

@@ -159,16 +159,21 @@ def test_zombie_cannot_complete_or_fail_a_reclaimed_job():
     (holder,) = claim(worker="holder")
     assert holder.attempt == 2
     # The zombie wakes up and reports: every write is fenced out.
-    assert store.complete("default", [(job.id, zombie.attempt, None)]) == set()
+    assert store.complete("default", [(job.id, zombie.attempt, None)], worker="zombie") == set()
     error = {"attempt": 1, "class": "X", "message": "late", "traceback": "", "worker": "zombie"}
     assert (
-        store.fail("default", job_id=job.id, attempt=zombie.attempt, error=error, delay=0) is None
+        store.fail(
+            "default", job_id=job.id, attempt=zombie.attempt, worker="zombie", error=error, delay=0
+        )
+        is None
     )
-    assert store.extend_leases("default", [(job.id, zombie.attempt)]) == set()
-    assert store.release("default", [(job.id, zombie.attempt)]) == set()
+    assert store.extend_leases("default", [(job.id, zombie.attempt)], worker="zombie") == set()
+    assert store.release("default", [(job.id, zombie.attempt)], worker="zombie") == set()
     row = job_row(job.id)
     assert (row["state"], row["worker_id"], row["attempts"]) == ("running", "holder", 2)
-    assert store.complete("default", [(job.id, holder.attempt, '"ok"')]) == {job.id}
+    assert store.complete("default", [(job.id, holder.attempt, '"ok"')], worker="holder") == {
+        job.id
+    }
     row = job_row(job.id)
     assert (row["state"], row["result"]) == ("done", "ok")
     assert [e["class"] for e in row["errors"]] == ["LeaseExpired"]
@@ -185,7 +190,9 @@ def test_fail_retries_then_dies_keeping_every_error():
             "traceback": "tb",
             "worker": "w1",
         }
-        state = store.fail("default", job_id=job.id, attempt=row.attempt, error=error, delay=0)
+        state = store.fail(
+            "default", job_id=job.id, attempt=row.attempt, worker="w1", error=error, delay=0
+        )
         assert state == ("pending" if attempt == 1 else "dead")
     row = job_row(job.id)
     assert row["state"] == "dead" and row["finished_at"] is not None
@@ -197,7 +204,7 @@ def test_fail_with_delay_and_discard():
     job = enqueue("noop")
     claim()
     err = {"attempt": 1, "class": "E", "message": "", "traceback": "", "worker": "w"}
-    store.fail("default", job_id=job.id, attempt=1, error=err, delay=120)
+    store.fail("default", job_id=job.id, attempt=1, worker="w1", error=err, delay=120)
     row = job_row(job.id)
     assert row["state"] == "pending"
     failed_at = datetime.datetime.fromisoformat(row["errors"][0]["at"])
@@ -205,7 +212,10 @@ def test_fail_with_delay_and_discard():
     other = enqueue("noop")
     claim()
     assert (
-        store.fail("default", job_id=other.id, attempt=1, error=err, delay=0, dead=True) == "dead"
+        store.fail(
+            "default", job_id=other.id, attempt=1, worker="w1", error=err, delay=0, dead=True
+        )
+        == "dead"
     )
 
 
@@ -249,7 +259,7 @@ def test_concurrent_sweepers_split_the_work(settings):
 def test_release_gives_the_attempt_back():
     job = enqueue("noop")
     (row,) = claim()
-    assert store.release("default", [(job.id, row.attempt)]) == {job.id}
+    assert store.release("default", [(job.id, row.attempt)], worker="w1") == {job.id}
     stored = job_row(job.id)
     assert (stored["state"], stored["attempts"], stored["leased_until"]) == ("pending", 0, None)
 
@@ -270,3 +280,25 @@ def test_check_constraints_hold_the_state_machine():
     for statement in bad_updates:
         with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(statement, [job.id])
+
+
+def test_same_attempt_number_handed_out_again_is_still_fenced_by_worker():
+    """A requeue resets attempts, so attempt 1 can be claimed twice: the stale worker's writes
+    must still miss the new holder's claim."""
+    job = enqueue("record", max_attempts=1)
+    (stale,) = claim(worker="A")
+    expire(job.id)
+    assert Sweeper("default").rescue() == {"rescued": 0, "dead": 1}
+    assert store.requeue("default", [job.id], channel="dbqueue") == {job.id}
+    (fresh,) = claim(worker="B")
+    assert stale.attempt == fresh.attempt == 1
+    err = {"attempt": 1, "class": "E", "message": "late", "traceback": "", "worker": "A"}
+    assert store.extend_leases("default", [(job.id, 1)], worker="A") == set()
+    assert (
+        store.fail("default", job_id=job.id, attempt=1, worker="A", error=err, delay=0, dead=True)
+        is None
+    )
+    assert store.complete("default", [(job.id, 1, None)], worker="A") == set()
+    assert store.release("default", [(job.id, 1)], worker="A") == set()
+    assert job_row(job.id)["state"] == "running"
+    assert store.complete("default", [(job.id, 1, None)], worker="B") == {job.id}

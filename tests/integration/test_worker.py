@@ -450,3 +450,92 @@ def test_a_completion_the_database_refuses_does_not_hold_back_the_others(start_w
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE dbqueue_job DROP CONSTRAINT test_refuse_echo_done")
+
+
+def test_a_handler_raising_systemexit_fails_its_job_and_the_thread_lives(start_worker):
+    from django_dbqueue import job, registry
+
+    @job("exits", max_attempts=1)
+    def exits(ctx):
+        import sys
+
+        sys.exit("handler called sys.exit()")
+
+    try:
+        worker = start_worker(concurrency=1)
+        bad = enqueue("exits")
+        row = wait_state(bad.id, "dead")
+        assert row["errors"][0]["class"] == "SystemExit"
+        after = enqueue("noop")  # the only handler thread is still there
+        wait_state(after.id, "done")
+        assert worker.thread.is_alive()
+    finally:
+        registry.unregister("exits")
+
+
+def test_unprintable_and_nul_errors_are_recorded_not_lost(start_worker):
+    from django_dbqueue import job, registry
+
+    class Weird(Exception):
+        def __str__(self):
+            raise RuntimeError("no str for you")
+
+    @job("nul-error", max_attempts=1)
+    def nul_error(ctx):
+        raise ValueError("bad byte \x00 here")
+
+    @job("weird-error", max_attempts=1)
+    def weird_error(ctx):
+        raise Weird()
+
+    try:
+        start_worker()
+        nul, weird = enqueue("nul-error"), enqueue("weird-error")
+        assert wait_state(nul.id, "dead")["errors"][0]["message"] == "bad byte \\x00 here"
+        assert "<unprintable Weird>" in wait_state(weird.id, "dead")["errors"][0]["message"]
+    finally:
+        registry.unregister("nul-error")
+        registry.unregister("weird-error")
+
+
+def test_a_job_given_up_and_reclaimed_by_the_same_worker_keeps_its_heartbeat_and_timeout(
+    start_worker, fast_settings
+):
+    """Attempt 1 times out and attempt 2 is claimed by the same worker while attempt 1's
+    thread still sleeps: attempt 1 finishing must not drop attempt 2's tracking."""
+    from django_dbqueue import job, registry
+    from django_dbqueue.backoff import constant
+
+    @job("slow-timeout", timeout=0.3, max_attempts=3, backoff=constant(0))
+    def slow_timeout(ctx):
+        import time
+
+        time.sleep(1.0)
+
+    try:
+        start_worker(concurrency=4)
+        queued = enqueue("slow-timeout")
+        row = wait_state(queued.id, "dead", timeout=20)
+        assert [e["class"] for e in row["errors"]] == ["TimeoutError"] * 3
+    finally:
+        registry.unregister("slow-timeout")
+
+
+def test_a_handler_that_leaks_a_transaction_does_not_break_its_thread(start_worker):
+    from django.db import transaction as tx
+
+    from django_dbqueue import job, registry
+
+    @job("leaky", max_attempts=1)
+    def leaky(ctx):
+        tx.atomic().__enter__()  # never exited
+
+    try:
+        start_worker(concurrency=1)
+        leaked = enqueue("leaky")
+        wait_state(leaked.id, "done")
+        after = enqueue("record")  # writes with the same thread's connection
+        wait_state(after.id, "done")
+        assert scalar("SELECT count(*) FROM testapp_effect WHERE job_id = %s", [after.id]) == 1
+    finally:
+        registry.unregister("leaky")
