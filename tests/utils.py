@@ -37,3 +37,33 @@ def scalar(sql, params=()):
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchone()[0]
+
+
+def run_concurrently(count, func, *, timeout=30):
+    """Run ``func()`` on ``count`` threads released together by a barrier, each with its own
+    database connection (closed afterwards); re-raise the first error; return the results."""
+    import threading
+
+    from django.db import connections
+
+    barrier = threading.Barrier(count)
+    results, errors = [], []
+
+    def run():
+        try:
+            barrier.wait(timeout)
+            results.append(func())
+        except BaseException as exc:  # re-raised on the test's thread below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    assert not any(thread.is_alive() for thread in threads), "a thread did not finish in time"
+    if errors:
+        raise errors[0]
+    return results

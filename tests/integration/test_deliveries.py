@@ -1,7 +1,5 @@
 """Delivery records and atomic handlers: duplicates of a job produce one effect."""
 
-import threading
-
 import pytest
 from django.db import connection, transaction
 
@@ -16,7 +14,7 @@ from django_dbqueue.deliveries import (
 from django_dbqueue.exceptions import DBQueueError
 from django_dbqueue.sweeper import Sweeper
 from tests.testapp.models import Effect, ProviderCall
-from tests.utils import job_row, scalar, wait_until
+from tests.utils import job_row, run_concurrently, scalar, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,23 +56,13 @@ def test_failed_delivery_may_be_attempted_again_by_exactly_one_caller():
 
 
 def test_fifty_concurrent_runs_racing_on_one_key_send_once():
-    barrier = threading.Barrier(50)
-    proceeded = []
-
     def run():
-        barrier.wait(10)
         with deliver(None, "race:1") as d:
             if d.proceed:
-                proceeded.append(1)
                 ProviderCall.objects.create(key="race:1")
-        connection.close()
+            return d.proceed
 
-    threads = [threading.Thread(target=run) for _ in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert len(proceeded) == 1
+    assert sorted(run_concurrently(50, run)) == [False] * 49 + [True]
     assert ProviderCall.objects.filter(key="race:1").count() == 1
     assert delivery("race:1")[0] == "sent"
     assert scalar("SELECT count(*) FROM dbqueue_delivery") == 1
@@ -82,21 +70,8 @@ def test_fifty_concurrent_runs_racing_on_one_key_send_once():
 
 def test_fifty_concurrent_retries_of_a_failed_delivery_send_once():
     begin_delivery("race:2").failed("timeout from provider, definitely not sent")
-    barrier = threading.Barrier(50)
-    proceeded = []
-
-    def run():
-        barrier.wait(10)
-        if begin_delivery("race:2").proceed:
-            proceeded.append(1)
-        connection.close()
-
-    threads = [threading.Thread(target=run) for _ in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert len(proceeded) == 1
+    proceeded = run_concurrently(50, lambda: begin_delivery("race:2").proceed)
+    assert proceeded.count(True) == 1 and len(proceeded) == 50
 
 
 def test_deliver_marks_failed_on_delivery_failed_and_leaves_unknown_on_other_errors():

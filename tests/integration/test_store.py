@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django_dbqueue import enqueue, enqueue_many, sql, store
 from django_dbqueue.notifications import connection_params
 from django_dbqueue.sweeper import Sweeper
-from tests.utils import job_row, scalar
+from tests.utils import job_row, run_concurrently, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -240,17 +240,7 @@ def test_concurrent_sweepers_split_the_work(settings):
     claim(600)
     with connection.cursor() as cursor:
         cursor.execute("UPDATE dbqueue_job SET leased_until = now() - interval '1 second'")
-    totals = []
-
-    def sweep():
-        totals.append(Sweeper("default").run_once()["rescued"])
-        connection.close()
-
-    threads = [threading.Thread(target=sweep) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    totals = run_concurrently(4, lambda: Sweeper("default").run_once()["rescued"])
     assert sum(totals) == 600
     assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'pending'") == 600
     assert scalar("SELECT max(jsonb_array_length(errors)) FROM dbqueue_job") == 1
