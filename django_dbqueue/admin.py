@@ -204,7 +204,9 @@ class BackgroundJobAdmin(admin.ModelAdmin):
     def changelist_view(self, request, extra_context=None):
         extra_context = dict(extra_context or {})
         try:
-            extra_context["dbqueue_status"] = sorted(store.status(get_settings().DATABASE).items())
+            extra_context["dbqueue_status"] = sorted(
+                store.status(get_settings().DATABASE, get_settings().QUEUES).items()
+            )
         except DatabaseError:  # a slow or failing summary must not take the list down
             extra_context["dbqueue_status"] = None
         return super().changelist_view(request, extra_context)

@@ -173,23 +173,25 @@ def prune(using, *, state, age, limit):
         return cursor.rowcount
 
 
-def status(using):
+def _empty_status():
+    return {
+        "pending": 0,
+        "running": 0,
+        "dead": 0,
+        "stuck": 0,
+        "scheduled": 0,
+        "oldest_due_seconds": None,
+    }
+
+
+def status(using, queues=()):
     """Per-queue counts: ``{queue: {"pending", "running", "dead", "stuck", "scheduled",
-    "oldest_due_seconds"}}``. ``pending`` is due now; ``scheduled`` is pending with a future
-    ``run_after``; ``stuck`` is running past its lease."""
-    result = {}
+    "oldest_due_seconds"}}``, with a zero entry for each of ``queues`` that has no live job.
+    ``pending`` is due now; ``scheduled`` is pending with a future ``run_after``; ``stuck`` is
+    running past its lease."""
+    result = {queue: _empty_status() for queue in queues}
     for queue, state, count, stuck, oldest_due, scheduled in _execute(using, sql.STATUS_COUNTS, {}):
-        entry = result.setdefault(
-            queue,
-            {
-                "pending": 0,
-                "running": 0,
-                "dead": 0,
-                "stuck": 0,
-                "scheduled": 0,
-                "oldest_due_seconds": None,
-            },
-        )
+        entry = result.setdefault(queue, _empty_status())
         # "pending" counts what is due now; pending jobs scheduled for later are "scheduled".
         entry[state] = count - scheduled
         entry["stuck"] += stuck

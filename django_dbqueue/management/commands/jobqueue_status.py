@@ -35,19 +35,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         conf = get_settings()
-        per_queue = store.status(conf.DATABASE)
-        for name in conf.QUEUES:
-            per_queue.setdefault(
-                name,
-                {
-                    "pending": 0,
-                    "running": 0,
-                    "dead": 0,
-                    "stuck": 0,
-                    "scheduled": 0,
-                    "oldest_due_seconds": None,
-                },
-            )
+        per_queue = store.status(conf.DATABASE, conf.QUEUES)
         totals = {
             key: sum(q[key] for q in per_queue.values())
             for key in ("pending", "scheduled", "running", "stuck", "dead")
