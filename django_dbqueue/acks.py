@@ -14,7 +14,7 @@ import time
 from django.db import connections
 
 from . import signals, store
-from .dbretry import DB_ERRORS, reset_connection
+from .connections import DB_ERRORS, reset_connection
 
 logger = logging.getLogger("django_dbqueue")
 

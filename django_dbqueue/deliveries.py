@@ -26,21 +26,14 @@ or the provider's own idempotency (``delivery.key``) settles it.
 """
 
 import contextlib
-import threading
 from dataclasses import dataclass
-
-import psycopg
-from django.core.signals import request_finished
-from django.db import connections
 
 from . import sql
 from .conf import get_settings
+from .connections import side_execute
 from .exceptions import DBQueueError
-from .notifications import connection_params
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
-
-_side = threading.local()
 
 
 class DeliveryFailed(DBQueueError):
@@ -49,40 +42,6 @@ class DeliveryFailed(DBQueueError):
     The delivery is marked ``failed`` (so a retry may attempt it again) and the exception
     propagates, so the job is retried on its backoff.
     """
-
-
-def _run(using, statement, params):
-    """Run on a connection whose commit is independent of any transaction the handler has open.
-
-    Outside a transaction that is the thread's Django connection (autocommit). Inside one (an
-    atomic handler), a side connection owned by this thread: a delivery record must be committed
-    before the effect, whatever later happens to the handler's own transaction.
-    """
-    connection = connections[using]
-    if not connection.in_atomic_block:
-        with connection.cursor() as cursor:
-            cursor.execute(statement, params)
-            return cursor.fetchall()
-    side = getattr(_side, using, None)
-    if side is None or side.closed:
-        side = psycopg.connect(**connection_params(using), autocommit=True)
-        setattr(_side, using, side)
-    try:
-        return side.execute(statement, params).fetchall()
-    except psycopg.OperationalError:
-        side.close()
-        raise
-
-
-def close_side_connections(**kwargs):
-    """Close this thread's side connections. The worker calls it when a handler thread ends;
-    it is connected to ``request_finished`` for deliveries recorded inside a view's transaction."""
-    for name, side in list(vars(_side).items()):
-        side.close()
-        delattr(_side, name)
-
-
-request_finished.connect(close_side_connections, dispatch_uid="dbqueue-close-side-connections")
 
 
 @dataclass
@@ -144,7 +103,7 @@ class Delivery:
             "job_id": self.job_id,
             "attempt": self.attempt,
         }
-        if _run(self.using, sql.SETTLE_DELIVERY, params):
+        if side_execute(self.using, sql.SETTLE_DELIVERY, params):
             self.state, self.provider_reference, self.error = state, reference, error
             return True
         current = _load(self.key, self.using)
@@ -171,12 +130,12 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
         "job_id": None,
         "attempt": 0,
     }
-    rows = _run(using or get_settings().DATABASE, sql.SETTLE_DELIVERY, params)
+    rows = side_execute(using or get_settings().DATABASE, sql.SETTLE_DELIVERY, params)
     return bool(rows)
 
 
 def _load(key, using):
-    rows = _run(using, sql.SELECT_DELIVERY, {"key": key})
+    rows = side_execute(using, sql.SELECT_DELIVERY, {"key": key})
     return rows[0] if rows else None
 
 
@@ -200,7 +159,7 @@ def begin_delivery(key, *, ctx=None, using=None):
         "job_id": getattr(ctx, "id", None),
         "attempt": getattr(ctx, "attempt", 0),
     }
-    if _run(using, sql.BEGIN_DELIVERY, params):
+    if side_execute(using, sql.BEGIN_DELIVERY, params):
         return Delivery(
             key, True, "recorded", job_id=params["job_id"], attempt=params["attempt"], using=using
         )

@@ -8,9 +8,8 @@ import time
 from django.db import connections
 
 from . import registry, store
-from .dbretry import DB_ERRORS, OTHER_DB_ERRORS
+from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session
 from .outcomes import error_record
-from .session import Session
 
 logger = logging.getLogger("django_dbqueue")
 

@@ -12,27 +12,10 @@ import threading
 import time
 
 import psycopg
-from django.db import connections
+
+from .connections import connect
 
 logger = logging.getLogger("django_dbqueue.notifications")
-
-# Keys of Django's connection parameters that are not libpq connection options.
-_NOT_CONNINFO = {
-    "context",
-    "cursor_factory",
-    "prepare_threshold",
-    "server_side_binding",
-    "isolation_level",
-    "assume_role",
-    "pool",
-    "autocommit",
-}
-
-
-def connection_params(using):
-    """libpq keyword arguments for a new psycopg connection to database ``using``."""
-    params = connections[using].get_connection_params()
-    return {key: value for key, value in params.items() if key not in _NOT_CONNINFO}
 
 
 class Listener(threading.Thread):
@@ -54,13 +37,12 @@ class Listener(threading.Thread):
         self.max_backoff = max_backoff
         self.connected = threading.Event()
         self.reconnects = 0
-        self._params = connection_params(using)
 
     def run(self):
         failures = 0
         while not self.stop_event.is_set():
             try:
-                with psycopg.connect(**self._params, autocommit=True) as conn:
+                with connect(self.using) as conn:
                     conn.execute(
                         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel))
                     )

@@ -23,15 +23,20 @@ from django.db import connections, transaction
 from . import registry, store
 from .acks import Acknowledger
 from .conf import get_settings
+from .connections import (
+    DB_ERRORS,
+    OTHER_DB_ERRORS,
+    Session,
+    close_side_connections,
+    discard_connection,
+    reset_connection,
+)
 from .context import JobContext
-from .dbretry import DB_ERRORS, OTHER_DB_ERRORS, discard_connection, reset_connection
-from .deliveries import close_side_connections
 from .exceptions import DiscardJob, RetryJob
 from .heartbeat import Heartbeat
 from .notifications import Listener
 from .outcomes import clamp_delay, encode_result, error_record
 from .scheduler import Scheduler
-from .session import Session
 from .sweeper import Sweeper
 
 logger = logging.getLogger("django_dbqueue")
@@ -112,7 +117,7 @@ class Worker:
         # their own connection before the next job, instead of failing one job on it each.
         self.db_error_epoch = 0
         self.claimed_total = 0
-        # The claim loop's own connection: prepared statements, asynchronous commit (session.py).
+        # The claim loop's own connection: prepared statements, asynchronous commit (connections.Session).
         self.session = Session(self.using, prepare=conf.PREPARE, async_commit=conf.ASYNC_COMMIT)
         self.sweeper = Sweeper(self.using, conf=conf)
         self.scheduler = Scheduler(self.using, conf=conf)

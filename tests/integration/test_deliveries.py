@@ -4,10 +4,10 @@ import pytest
 from django.db import connection, transaction
 
 from django_dbqueue import enqueue
+from django_dbqueue.connections import close_side_connections
 from django_dbqueue.deliveries import (
     DeliveryFailed,
     begin_delivery,
-    close_side_connections,
     deliver,
     settle_delivery,
 )

@@ -17,7 +17,7 @@ from django_dbqueue import (
     enqueue,
     enqueue_many,
 )
-from django_dbqueue.notifications import connection_params
+from django_dbqueue.connections import connection_params
 from tests.testapp.models import Invoice
 from tests.utils import job_row, scalar
 

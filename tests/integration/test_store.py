@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import enqueue, enqueue_many, sql, store
-from django_dbqueue.notifications import connection_params
+from django_dbqueue.connections import connection_params
 from django_dbqueue.sweeper import Sweeper
 from tests.utils import job_row, run_concurrently, scalar
 

@@ -409,7 +409,7 @@ def test_fixed_prefetch_setting_is_not_adapted(fast_settings):
 
 
 def test_worker_session_is_prepared_and_async_commit(fast_settings):
-    from django_dbqueue.session import Session
+    from django_dbqueue.connections import Session
 
     session = Session("default")
     try:

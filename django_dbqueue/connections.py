@@ -1,0 +1,180 @@
+"""Every database connection django-dbqueue opens itself, and what counts as losing one.
+
+Three kinds, all built from the Django ``DATABASES`` entry of the queue's alias:
+
+- ``Session``: a worker's own psycopg connection for its hot statements (claims, completions,
+  lease extensions), prepared and optionally committed without waiting for the WAL flush.
+- The listener's connection (``open_listen_connection``): LISTEN needs a session of its own,
+  and behind PgBouncer in transaction mode it must go to the server directly.
+- A delivery record's side connection (``side_execute``): inside an atomic handler, a delivery
+  record must commit before the side effect, whatever later happens to the handler's own
+  transaction.
+
+Everything else runs on the calling thread's ordinary Django connection.
+"""
+
+import contextlib
+import threading
+
+import psycopg
+from django.core.signals import request_finished
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+# A lost connection surfaces as OperationalError (server gone, terminated) or InterfaceError
+# (the connection object is already closed): Django's wrappers on Django connections, psycopg's
+# own on a worker Session. Both are worth a reconnect and a retry.
+DB_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
+# Any other database error (a constraint, a missing table): logged, retried slowly.
+OTHER_DB_ERRORS = (DatabaseError, psycopg.Error)
+
+# Keys of Django's connection parameters that are not libpq connection options.
+_NOT_CONNINFO = {
+    "context",
+    "cursor_factory",
+    "prepare_threshold",
+    "server_side_binding",
+    "isolation_level",
+    "assume_role",
+    "pool",
+    "autocommit",
+}
+
+
+def connection_params(using):
+    """libpq keyword arguments for a new psycopg connection to database ``using``."""
+    params = connections[using].get_connection_params()
+    return {key: value for key, value in params.items() if key not in _NOT_CONNINFO}
+
+
+def _assume_role(using):
+    """The role Django's ``OPTIONS["assume_role"]`` switches to after connecting, or ``None``."""
+    options = connections[using].settings_dict.get("OPTIONS") or {}
+    return options.get("assume_role") or None
+
+
+def connect(using, *, autocommit=True, **kwargs):
+    """A new psycopg connection to ``using``, set up as Django sets up its own (``assume_role``)."""
+    conn = psycopg.connect(**connection_params(using), autocommit=autocommit, **kwargs)
+    role = _assume_role(using)
+    if role:
+        try:
+            conn.execute(psycopg.sql.SQL("SET ROLE {}").format(psycopg.sql.Identifier(role)))
+            if not autocommit:
+                conn.commit()
+        except psycopg.Error:
+            conn.close()
+            raise
+    return conn
+
+
+def reset_connection(using, session=None):
+    """Drop this thread's connection to ``using`` (and ``session``) so the next query reconnects."""
+    if session is not None:
+        session.reset()
+    connection = connections[using]
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+    connection.connection = None
+
+
+def discard_connection(connection):
+    """Close a Django connection a handler left inside a transaction, and clear the transaction
+    state Django keeps for it, so that the thread's next job starts clean (closing alone leaves
+    ``in_atomic_block`` set and every later query fails with "the connection is closed")."""
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+    connection.connection = None
+    connection.in_atomic_block = False
+    connection.atomic_blocks = []
+    connection.savepoint_ids = []
+    connection.needs_rollback = False
+    connection.closed_in_transaction = False
+    connection.autocommit = True
+
+
+class Session:
+    """A lazily opened psycopg connection in autocommit; ``reset()`` drops it after a fault.
+
+    The claim loop runs a handful of statements thousands of times. They are prepared once
+    (``prepare``) and, for claims, completions and lease extensions, committed with
+    ``synchronous_commit = off`` (``async_commit``): the commit returns before its WAL reaches
+    the disk. A database crash can then lose the last fraction of a second of claims and
+    completions, which only means those jobs run again, as at-least-once delivery already allows.
+    Failures, dead letters and releases are never written this way: they go through the ordinary,
+    durable Django connection.
+
+    Behind PgBouncer in transaction mode set ``PREPARE`` and ``ASYNC_COMMIT`` to False: both are
+    session state that a transaction pooler does not keep.
+    """
+
+    def __init__(self, using, *, prepare=True, async_commit=True):
+        self.using = using
+        self.prepare = prepare
+        self.async_commit = async_commit
+        self.conn = None
+        self.statements = 0  # executed, for tests that pin the hot paths' query counts
+
+    def _connect(self):
+        conn = connect(self.using, prepare_threshold=0 if self.prepare else None)
+        if self.prepare:
+            # Prepared, but planned for each execution's own arrays: a generic plan cannot know
+            # that a batch holds 3 ids or 500, and was seen to pick a sequential scan of the
+            # whole table for the completion join. Parsing is what the preparation saves.
+            conn.execute("SET plan_cache_mode TO force_custom_plan", prepare=False)
+        if self.async_commit:
+            conn.execute("SET synchronous_commit TO off", prepare=False)
+        self.conn = conn
+
+    def execute(self, statement, params):
+        """Run one statement; returns its rows (``[]`` when it returns none)."""
+        if self.conn is None or self.conn.closed:
+            self._connect()
+        cursor = self.conn.execute(statement, params)
+        self.statements += 1
+        return cursor.fetchall() if cursor.description else []
+
+    def reset(self):
+        if self.conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self.conn.close()
+        self.conn = None
+
+    close = reset
+
+
+# Side connections of delivery records -----------------------------------------------------------
+
+_side = threading.local()
+
+
+def side_execute(using, statement, params):
+    """Run on a connection whose commit is independent of any transaction the caller has open.
+
+    Outside a transaction that is the thread's Django connection (autocommit). Inside one (an
+    atomic handler, a view's ``transaction.atomic()``), a side connection owned by this thread.
+    """
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params)
+            return cursor.fetchall()
+    side = getattr(_side, using, None)
+    if side is None or side.closed:
+        side = connect(using)
+        setattr(_side, using, side)
+    try:
+        return side.execute(statement, params).fetchall()
+    except psycopg.OperationalError:
+        side.close()
+        raise
+
+
+def close_side_connections(**kwargs):
+    """Close this thread's side connections. The worker calls it when a handler thread ends;
+    it is connected to ``request_finished`` for deliveries recorded inside a view's transaction."""
+    for name, side in list(vars(_side).items()):
+        side.close()
+        delattr(_side, name)
+
+
+request_finished.connect(close_side_connections, dispatch_uid="dbqueue-close-side-connections")
