@@ -38,6 +38,9 @@ class BackgroundJob(models.Model):
     leased_until = models.DateTimeField(null=True, blank=True)
     # NULL, not "": no worker holds it; and NULL keys stay out of the unique key index.
     worker_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # Random per claim: the fence of every write about this run (completion, failure, lease
+    # extension, release). Kept after the run ends, so a worker can tell its own finished run.
+    lease_token = models.BigIntegerField(null=True, blank=True, editable=False)
     idempotency_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
     errors = models.JSONField(default=list, blank=True, help_text="One entry per failed attempt.")
     result = models.JSONField(null=True, blank=True)

@@ -72,8 +72,18 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 # - MATERIALIZED pins the plan: the candidates are computed once, then updated by id; the
 #   planner cannot turn the LIMIT subquery into a join it re-evaluates.
 # - The lease comes from the row (set at enqueue from the job type), in database time.
+# - %(token)s, random per claim, is the fence of every later write about these rows: (id, token)
+#   cannot repeat, unlike (id, attempt, worker), which a requeue or a claim lost in a crash
+#   can hand to the same worker twice.
+# - commit_mode sets synchronous_commit for this statement's transaction only (%(commit)s is
+#   'off' with ASYNC_COMMIT, else NULL: the server's setting). A session-wide SET would leak to
+#   other clients through a transaction pooler; this travels with the statement.
 CLAIM_JOBS = """
-WITH candidates AS MATERIALIZED (
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+),
+candidates AS MATERIALIZED (
     SELECT c.id
     FROM unnest(%(queues)s::text[], %(limits)s::int[]) AS q(name, lim)
     CROSS JOIN LATERAL (
@@ -91,25 +101,30 @@ UPDATE dbqueue_job AS j
 SET state = 'running',
     attempts = j.attempts + 1,
     worker_id = %(worker)s,
+    lease_token = %(token)s,
     started_at = now(),
     leased_until = now() + j.lease_seconds * interval '1 second'
-FROM candidates
+FROM candidates, commit_mode
 WHERE j.id = candidates.id
 RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.lease_seconds,
           j.idempotency_key, j.priority, j.created_at
 """
 
-# Batched acknowledgement of successes. Fenced by (id, attempt, worker) and state: a worker whose
+# Batched acknowledgement of successes. Fenced by (id, lease token) and state: a worker whose
 # lease expired and whose job was claimed again matches nothing here, so it cannot overwrite the
-# new holder's state. The worker is part of the fence because an attempt number alone can be
-# handed out twice (a requeue resets attempts; a release gives one back). The ids it did not
-# match come back missing from RETURNING.
+# new holder's state. The ids it did not match come back missing from RETURNING. Committed like
+# the claim (asynchronously with ASYNC_COMMIT: a completion lost in a crash only means the job
+# runs again).
 COMPLETE_JOBS = """
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+)
 UPDATE dbqueue_job AS j
 SET state = 'done', finished_at = now(), leased_until = NULL, result = c.result::jsonb
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[], %(results)s::text[]) AS c(id, attempt, result)
-WHERE j.id = c.id AND j.attempts = c.attempt AND j.state = 'running'
-  AND j.worker_id = %(worker)s
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[]) AS c(id, token, result),
+     commit_mode
+WHERE j.id = c.id AND j.lease_token = c.token AND j.state = 'running'
 RETURNING j.id
 """
 
@@ -123,18 +138,48 @@ SET state = CASE WHEN %(dead)s OR attempts >= max_attempts THEN 'dead' ELSE 'pen
                      ELSE now() + %(delay)s * interval '1 second' END,
     leased_until = NULL,
     errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
-WHERE id = %(id)s AND attempts = %(attempt)s AND state = 'running' AND worker_id = %(worker)s
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
 RETURNING state, run_after
+"""
+
+# A claimed job whose type this worker has no handler for. During a rolling deploy a worker still
+# on the old code can claim a job of a type only the new code knows: it goes back to pending
+# without spending the attempt, after %(delay)s seconds, for a worker that knows it. A job that
+# has existed for longer than %(grace)s seconds is not waiting for a deploy (its handler was
+# removed or renamed): it is dead at once. Either way the error is recorded.
+DEFER_UNKNOWN_TYPE = """
+UPDATE dbqueue_job
+SET state = CASE WHEN created_at < now() - %(grace)s * interval '1 second'
+                 THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN created_at < now() - %(grace)s * interval '1 second' THEN now() END,
+    attempts = CASE WHEN created_at < now() - %(grace)s * interval '1 second'
+                    THEN attempts ELSE attempts - 1 END,
+    run_after = CASE WHEN created_at < now() - %(grace)s * interval '1 second' THEN run_after
+                     ELSE now() + %(delay)s * interval '1 second' END,
+    leased_until = NULL,
+    errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING state, run_after
+"""
+
+# What became of jobs a write did not match: a retried acknowledgement whose first try committed
+# but whose reply was lost matches nothing the second time. The token tells whether the row's
+# last write was this run's own (the sweeper and releases clear it).
+READ_BACK_JOBS = """
+SELECT id, state, lease_token FROM dbqueue_job WHERE id = ANY(%(ids)s::bigint[])
 """
 
 # Heartbeat: push the lease of every job this worker still runs forward by the job's lease.
 # Fenced; a job missing from RETURNING was taken back by the sweeper and belongs to someone else.
 EXTEND_LEASES = """
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+)
 UPDATE dbqueue_job AS j
 SET leased_until = now() + j.lease_seconds * interval '1 second'
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS h(id, attempt)
-WHERE j.id = h.id AND j.attempts = h.attempt AND j.state = 'running'
-  AND j.worker_id = %(worker)s
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token), commit_mode
+WHERE j.id = h.id AND j.lease_token = h.token AND j.state = 'running'
 RETURNING j.id
 """
 
@@ -142,11 +187,24 @@ RETURNING j.id
 # took. Fenced like the rest.
 RELEASE_JOBS = """
 UPDATE dbqueue_job AS j
-SET state = 'pending', attempts = j.attempts - 1, leased_until = NULL, worker_id = NULL
-FROM unnest(%(ids)s::bigint[], %(attempts)s::int[]) AS r(id, attempt)
-WHERE j.id = r.id AND j.attempts = r.attempt AND j.state = 'running'
-  AND j.worker_id = %(worker)s
+SET state = 'pending', attempts = j.attempts - 1, leased_until = NULL, worker_id = NULL,
+    lease_token = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
+WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
 RETURNING j.id
+"""
+
+# After a lost connection: a claim can commit while its reply is lost, which leaves jobs running
+# under this worker that it never heard of (they would sit out their lease and spend an attempt
+# that never ran). Hand back every job this worker holds except those it knows. Served by the
+# partial index on running jobs.
+RELEASE_UNKNOWN_JOBS = """
+UPDATE dbqueue_job
+SET state = 'pending', attempts = attempts - 1, leased_until = NULL, worker_id = NULL,
+    lease_token = NULL
+WHERE state = 'running' AND worker_id = %(worker)s
+  AND NOT (lease_token = ANY(%(known)s::bigint[]))
+RETURNING id
 """
 
 # The sweeper: jobs whose lease ran out (their worker died or hung) go back to pending, after the
@@ -169,6 +227,7 @@ SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' EN
                                                    LEAST(GREATEST(j.attempts - 1, 0), 50)))
                                   * interval '1 second' END,
     leased_until = NULL,
+    lease_token = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempts,
         'class', 'LeaseExpired',
@@ -282,14 +341,18 @@ WHERE state = 'dead'
 # Retention: delete finished jobs of one state older than a cutoff, oldest first, bounded, and
 # SKIP LOCKED so that workers pruning at once split the rows. Served by dbqueue_job_finished_idx.
 PRUNE_FINISHED = """
-DELETE FROM dbqueue_job
-WHERE id IN (
-    SELECT id FROM dbqueue_job
-    WHERE state = %(state)s AND finished_at < now() - %(age)s * interval '1 second'
-    ORDER BY finished_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+WITH deleted AS (
+    DELETE FROM dbqueue_job
+    WHERE id IN (
+        SELECT id FROM dbqueue_job
+        WHERE state = %(state)s AND finished_at < now() - %(age)s * interval '1 second'
+        ORDER BY finished_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
 )
+SELECT count(*) FROM deleted
 """
 
 # Status --------------------------------------------------------------------------------------------

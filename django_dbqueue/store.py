@@ -7,6 +7,7 @@ they take part in the caller's transaction.
 
 import json
 import logging
+import secrets
 from dataclasses import dataclass
 
 from django.db import connections
@@ -60,44 +61,66 @@ def ids_by_keys(using, keys):
     return dict(_execute(using, sql.SELECT_IDS_BY_KEYS, {"keys": list(keys)}))
 
 
-def claim(using, *, worker_id, queues, limits, limit):
-    """Claim up to ``limit`` due jobs from ``queues`` (``limits``: the cap of each queue)."""
+def new_token():
+    """A lease token: random, positive, fits PostgreSQL's bigint."""
+    return secrets.randbits(63) or 1
+
+
+def _commit(async_commit):
+    return "off" if async_commit else None
+
+
+def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False):
+    """Claim up to ``limit`` due jobs from ``queues`` (``limits``: the cap of each queue) under
+    lease ``token`` (see :func:`new_token`)."""
     rows = _execute(
         using,
         sql.CLAIM_JOBS,
-        {"worker": worker_id, "queues": list(queues), "limits": list(limits), "limit": limit},
+        {
+            "worker": worker_id,
+            "queues": list(queues),
+            "limits": list(limits),
+            "limit": limit,
+            "token": token,
+            "commit": _commit(async_commit),
+        },
     )
     return [ClaimedRow(*row) for row in rows]
 
 
-def complete(using, acks, *, worker):
-    """Mark ``[(id, attempt, result_json_or_None), ...]`` done; returns the set of ids that matched.
+def complete(using, acks, *, async_commit=False):
+    """Mark ``[(id, token, result_json_or_None), ...]`` done; returns the set of ids that matched.
 
-    An id missing from the result was fenced out: its lease was lost and the job claimed again.
+    An id missing from the result was fenced out: its lease was lost and the job claimed again
+    (or an earlier try of this same write committed; :func:`read_back` tells).
     """
     if not acks:
         return set()
-    ids, attempts, results = zip(*acks, strict=True)
+    ids, tokens, results = zip(*acks, strict=True)
     rows = _execute(
         using,
         sql.COMPLETE_JOBS,
-        {"ids": list(ids), "attempts": list(attempts), "results": list(results), "worker": worker},
+        {
+            "ids": list(ids),
+            "tokens": list(tokens),
+            "results": list(results),
+            "commit": _commit(async_commit),
+        },
     )
     return {row[0] for row in rows}
 
 
-def fail(using, *, job_id, attempt, worker, error, delay, dead=False):
+def fail(using, *, job_id, token, error, delay, dead=False):
     """Record a failed attempt: retry after ``delay`` seconds, or dead (spent or ``dead=True``).
 
-    Returns the new state, or ``None`` when the write was fenced out.
+    Returns the new state, or ``None`` when the write was fenced out. Always a durable commit.
     """
     rows = _execute(
         using,
         sql.FAIL_JOB,
         {
             "id": job_id,
-            "attempt": attempt,
-            "worker": worker,
+            "token": token,
             "error": json.dumps(error),
             "delay": float(delay),
             "dead": bool(dead),
@@ -106,23 +129,48 @@ def fail(using, *, job_id, attempt, worker, error, delay, dead=False):
     return rows[0][0] if rows else None
 
 
-def extend_leases(using, held, *, worker):
-    """Heartbeat ``[(id, attempt), ...]``; returns the ids whose lease this worker still holds."""
+def defer_unknown_type(using, *, job_id, token, error, delay, grace):
+    """A job whose type this worker cannot run: back to pending without spending the attempt, or
+    dead when older than ``grace`` seconds. Returns the new state, or ``None`` when fenced."""
+    params = {
+        "id": job_id,
+        "token": token,
+        "error": json.dumps(error),
+        "delay": float(delay),
+        "grace": float(grace),
+    }
+    rows = _execute(using, sql.DEFER_UNKNOWN_TYPE, params)
+    return rows[0][0] if rows else None
+
+
+def read_back(using, ids):
+    """``{id: (state, lease_token)}`` of the jobs that still exist."""
+    rows = _execute(using, sql.READ_BACK_JOBS, {"ids": list(ids)})
+    return {job_id: (state, token) for job_id, state, token in rows}
+
+
+def extend_leases(using, held, *, async_commit=False):
+    """Heartbeat ``[(id, token), ...]``; returns the ids whose lease this worker still holds."""
     if not held:
         return set()
-    ids, attempts = zip(*held, strict=True)
-    params = {"ids": list(ids), "attempts": list(attempts), "worker": worker}
+    ids, tokens = zip(*held, strict=True)
+    params = {"ids": list(ids), "tokens": list(tokens), "commit": _commit(async_commit)}
     rows = _execute(using, sql.EXTEND_LEASES, params)
     return {row[0] for row in rows}
 
 
-def release(using, held, *, worker):
-    """Return ``[(id, attempt), ...]`` to pending without spending the attempt."""
+def release(using, held):
+    """Return ``[(id, token), ...]`` to pending without spending the attempt; returns the ids."""
     if not held:
         return set()
-    ids, attempts = zip(*held, strict=True)
-    params = {"ids": list(ids), "attempts": list(attempts), "worker": worker}
-    rows = _execute(using, sql.RELEASE_JOBS, params)
+    ids, tokens = zip(*held, strict=True)
+    rows = _execute(using, sql.RELEASE_JOBS, {"ids": list(ids), "tokens": list(tokens)})
+    return {row[0] for row in rows}
+
+
+def release_unknown(using, *, worker, known):
+    """Release every job running under ``worker`` whose token is not in ``known``; returns ids."""
+    rows = _execute(using, sql.RELEASE_UNKNOWN_JOBS, {"worker": worker, "known": list(known)})
     return {row[0] for row in rows}
 
 
@@ -168,9 +216,8 @@ def count_dead(using, *, job_type=None, queue=None):
 
 def prune(using, *, state, age, limit):
     """Delete up to ``limit`` ``state`` jobs finished more than ``age`` seconds ago; returns n."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql.PRUNE_FINISHED, {"state": state, "age": float(age), "limit": limit})
-        return cursor.rowcount
+    params = {"state": state, "age": float(age), "limit": limit}
+    return _execute(using, sql.PRUNE_FINISHED, params)[0][0]
 
 
 def _empty_status():

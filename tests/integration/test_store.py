@@ -18,14 +18,24 @@ from tests.utils import job_row, run_concurrently, scalar
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+_tokens = {}
+
+
 def claim(n=10, queues=("default",), limits=None, worker="w1"):
+    token = _tokens[worker] = store.new_token()
     return store.claim(
         "default",
         worker_id=worker,
         queues=list(queues),
         limits=limits or [n] * len(queues),
         limit=n,
+        token=token,
     )
+
+
+def token(worker="w1"):
+    """The lease token of ``worker``'s last claim."""
+    return _tokens[worker]
 
 
 def expire(job_id):
@@ -134,7 +144,14 @@ def test_claim_plan_uses_the_partial_index_with_100k_finished_rows():
         cursor.execute("ANALYZE dbqueue_job")
         cursor.execute(
             "EXPLAIN (FORMAT JSON) " + sql.CLAIM_JOBS,
-            {"worker": "w", "queues": ["default"], "limits": [10], "limit": 10},
+            {
+                "worker": "w",
+                "queues": ["default"],
+                "limits": [10],
+                "limit": 10,
+                "token": 1,
+                "commit": "off",
+            },
         )
         plan = cursor.fetchone()[0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
@@ -151,7 +168,7 @@ def test_claim_plan_uses_the_partial_index_with_100k_finished_rows():
 
 def test_zombie_cannot_complete_or_fail_a_reclaimed_job():
     job = enqueue("record")
-    (zombie,) = claim(worker="zombie")
+    (_zombie,) = claim(worker="zombie")
     expire(job.id)
     assert Sweeper("default").rescue() == {"rescued": 1, "dead": 0}
     with connection.cursor() as cursor:  # make it due now despite the sweeper's backoff
@@ -159,21 +176,14 @@ def test_zombie_cannot_complete_or_fail_a_reclaimed_job():
     (holder,) = claim(worker="holder")
     assert holder.attempt == 2
     # The zombie wakes up and reports: every write is fenced out.
-    assert store.complete("default", [(job.id, zombie.attempt, None)], worker="zombie") == set()
+    assert store.complete("default", [(job.id, token("zombie"), None)]) == set()
     error = {"attempt": 1, "class": "X", "message": "late", "traceback": "", "worker": "zombie"}
-    assert (
-        store.fail(
-            "default", job_id=job.id, attempt=zombie.attempt, worker="zombie", error=error, delay=0
-        )
-        is None
-    )
-    assert store.extend_leases("default", [(job.id, zombie.attempt)], worker="zombie") == set()
-    assert store.release("default", [(job.id, zombie.attempt)], worker="zombie") == set()
+    assert store.fail("default", job_id=job.id, token=token("zombie"), error=error, delay=0) is None
+    assert store.extend_leases("default", [(job.id, token("zombie"))]) == set()
+    assert store.release("default", [(job.id, token("zombie"))]) == set()
     row = job_row(job.id)
     assert (row["state"], row["worker_id"], row["attempts"]) == ("running", "holder", 2)
-    assert store.complete("default", [(job.id, holder.attempt, '"ok"')], worker="holder") == {
-        job.id
-    }
+    assert store.complete("default", [(job.id, token("holder"), '"ok"')]) == {job.id}
     row = job_row(job.id)
     assert (row["state"], row["result"]) == ("done", "ok")
     assert [e["class"] for e in row["errors"]] == ["LeaseExpired"]
@@ -190,9 +200,7 @@ def test_fail_retries_then_dies_keeping_every_error():
             "traceback": "tb",
             "worker": "w1",
         }
-        state = store.fail(
-            "default", job_id=job.id, attempt=row.attempt, worker="w1", error=error, delay=0
-        )
+        state = store.fail("default", job_id=job.id, token=token("w1"), error=error, delay=0)
         assert state == ("pending" if attempt == 1 else "dead")
     row = job_row(job.id)
     assert row["state"] == "dead" and row["finished_at"] is not None
@@ -204,7 +212,7 @@ def test_fail_with_delay_and_discard():
     job = enqueue("noop")
     claim()
     err = {"attempt": 1, "class": "E", "message": "", "traceback": "", "worker": "w"}
-    store.fail("default", job_id=job.id, attempt=1, worker="w1", error=err, delay=120)
+    store.fail("default", job_id=job.id, token=token("w1"), error=err, delay=120)
     row = job_row(job.id)
     assert row["state"] == "pending"
     failed_at = datetime.datetime.fromisoformat(row["errors"][0]["at"])
@@ -212,9 +220,7 @@ def test_fail_with_delay_and_discard():
     other = enqueue("noop")
     claim()
     assert (
-        store.fail(
-            "default", job_id=other.id, attempt=1, worker="w1", error=err, delay=0, dead=True
-        )
+        store.fail("default", job_id=other.id, token=token("w1"), error=err, delay=0, dead=True)
         == "dead"
     )
 
@@ -248,8 +254,8 @@ def test_concurrent_sweepers_split_the_work(settings):
 
 def test_release_gives_the_attempt_back():
     job = enqueue("noop")
-    (row,) = claim()
-    assert store.release("default", [(job.id, row.attempt)], worker="w1") == {job.id}
+    (_row,) = claim()
+    assert store.release("default", [(job.id, token("w1"))]) == {job.id}
     stored = job_row(job.id)
     assert (stored["state"], stored["attempts"], stored["leased_until"]) == ("pending", 0, None)
 
@@ -272,7 +278,7 @@ def test_check_constraints_hold_the_state_machine():
             cursor.execute(statement, [job.id])
 
 
-def test_same_attempt_number_handed_out_again_is_still_fenced_by_worker():
+def test_same_attempt_number_handed_out_again_is_still_fenced_by_the_token():
     """A requeue resets attempts, so attempt 1 can be claimed twice: the stale worker's writes
     must still miss the new holder's claim."""
     job = enqueue("record", max_attempts=1)
@@ -283,12 +289,46 @@ def test_same_attempt_number_handed_out_again_is_still_fenced_by_worker():
     (fresh,) = claim(worker="B")
     assert stale.attempt == fresh.attempt == 1
     err = {"attempt": 1, "class": "E", "message": "late", "traceback": "", "worker": "A"}
-    assert store.extend_leases("default", [(job.id, 1)], worker="A") == set()
+    assert store.extend_leases("default", [(job.id, token("A"))]) == set()
     assert (
-        store.fail("default", job_id=job.id, attempt=1, worker="A", error=err, delay=0, dead=True)
+        store.fail("default", job_id=job.id, token=token("A"), error=err, delay=0, dead=True)
         is None
     )
-    assert store.complete("default", [(job.id, 1, None)], worker="A") == set()
-    assert store.release("default", [(job.id, 1)], worker="A") == set()
+    assert store.complete("default", [(job.id, token("A"), None)]) == set()
+    assert store.release("default", [(job.id, token("A"))]) == set()
     assert job_row(job.id)["state"] == "running"
-    assert store.complete("default", [(job.id, 1, None)], worker="B") == {job.id}
+    assert store.complete("default", [(job.id, token("B"), None)]) == {job.id}
+
+
+def test_same_worker_same_attempt_is_fenced_by_the_token():
+    """(id, attempt, worker) can repeat for one worker: a requeue resets attempts and the same
+    worker claims the job again. Its first run's late writes must miss the second claim."""
+    job = enqueue("record", max_attempts=1)
+    claim(worker="A")
+    first = token("A")
+    expire(job.id)
+    assert Sweeper("default").rescue() == {"rescued": 0, "dead": 1}
+    assert store.requeue("default", [job.id], channel="dbqueue") == {job.id}
+    claim(worker="A")
+    second = token("A")
+    assert first != second
+    assert store.extend_leases("default", [(job.id, first)]) == set()
+    assert store.complete("default", [(job.id, first, '"late"')]) == set()
+    assert store.release("default", [(job.id, first)]) == set()
+    assert job_row(job.id)["state"] == "running"
+    assert store.complete("default", [(job.id, second, '"ok"')]) == {job.id}
+    assert store.read_back("default", [job.id]) == {job.id: ("done", second)}
+
+
+def test_release_unknown_hands_back_only_what_the_worker_does_not_know():
+    """A claim whose reply was lost: the worker holds rows it never heard of."""
+    known_job, unknown_job, other_job = (enqueue("noop") for _ in range(3))
+    claim(1, worker="A")
+    known = token("A")
+    claim(1, worker="A")  # the lost claim
+    claim(1, worker="B")
+    released = store.release_unknown("default", worker="A", known=[known])
+    assert released == {unknown_job.id}
+    assert job_row(unknown_job.id)["state"] == "pending"
+    assert job_row(unknown_job.id)["attempts"] == 0
+    assert job_row(known_job.id)["state"] == job_row(other_job.id)["state"] == "running"
