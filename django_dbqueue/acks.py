@@ -1,235 +1,223 @@
-"""Acknowledgements: outcomes of finished handlers, written back in batches.
+"""Acknowledgements: the outcomes of finished handlers, buffered and written back in batches.
 
-Successes are buffered and flushed as one fenced statement every ``ACK_INTERVAL`` seconds or
-``ACK_BATCH`` jobs, whichever comes first. A crash before a flush means those jobs run again,
-which at-least-once delivery already allows. Failures go through the same thread so that both
-survive a lost connection: a flush that fails is kept and retried, fenced, once the database is
-back, so a connection blip does not make finished work run again.
+Handler threads only append to the buffer. The worker's claim loop calls ``flush_once()`` on its
+own Session every ``ACK_INTERVAL`` seconds or ``ACK_BATCH`` jobs: successes as one fenced
+statement (committed asynchronously with ``ASYNC_COMMIT``: a completion lost in a database crash
+only means the job runs again), failures one by one with a durable commit, so an error history
+or a dead letter is never lost. A flush that fails with the connection keeps everything in the
+buffer and is tried again once the database is back, fenced, so a connection blip does not make
+finished work run again. A retried write that matches nothing is read back: when the first try
+had committed after all, the outcome is reported (signals, counts) as if the reply had arrived.
 """
 
 import logging
 import threading
-import time
-
-from django.db import connections
+from dataclasses import dataclass
 
 from . import signals, store
-from .connections import DB_ERRORS, reset_connection
+from .connections import DB_ERRORS
 
 logger = logging.getLogger("django_dbqueue")
 
 
-class Acknowledger(threading.Thread):
-    def __init__(
-        self, using, *, interval, batch, worker_id, stop_event, on_db_error=None, session=None
-    ):
-        super().__init__(name="dbqueue-acks", daemon=True)
-        self.using = using
-        self.interval = interval
-        self.batch = batch
+@dataclass(eq=False)
+class _Failure:
+    entry: object
+    error: dict
+    delay: float
+    dead: bool = False
+    unknown_type: bool = False
+    tries: int = 0  # writes refused for a reason other than the connection
+
+
+class Acknowledger:
+    MAX_OTHER_ERRORS = 5  # a write that keeps failing for a reason other than the connection
+
+    def __init__(self, *, worker_id, batch, async_commit, unknown_type_delay, unknown_type_grace):
         self.worker_id = worker_id
-        self.stop_event = stop_event
-        self.on_db_error = on_db_error or (lambda: None)
-        # Completions go through the worker Session (prepared, asynchronous commit: a lost
-        # completion only means the job runs again). Failures use the durable Django connection,
-        # so an error history or a dead letter is never lost.
-        self.session = session if session is not None else using
-        self._cond = threading.Condition()
-        self._done = []  # (ctx, result_json)
-        self._failed = []  # (ctx, error dict, delay, dead)
-        self._closing = False
+        self.batch = batch
+        self.async_commit = async_commit
+        self.unknown_type_delay = unknown_type_delay
+        self.unknown_type_grace = unknown_type_grace
+        self._lock = threading.Lock()
+        self._done = []  # (entry, result_json)
+        self._failed: list[_Failure] = []
+        self.on_ready = lambda: None  # set by the worker: wakes its loop
         self.succeeded = 0
         self.failed = 0
         self.fenced = 0
         self.dead = 0
+        self.deferred = 0
 
     # -- called by handler threads -------------------------------------------------------------
-    def succeed(self, ctx, result_json=None):
+    def succeed(self, entry, result_json=None):
         """Buffer a success; ``result_json`` is the handler's return value, already encoded."""
-        with self._cond:
-            self._done.append((ctx, result_json))
-            if len(self._done) == 1 or len(self._done) >= self.batch:
-                self._cond.notify()
+        with self._lock:
+            self._done.append((entry, result_json))
+            wake = len(self._done) == 1 or len(self._done) >= self.batch
+        if wake:
+            self.on_ready()
 
-    def fail(self, ctx, error, *, delay, dead=False):
-        with self._cond:
-            self._failed.append((ctx, error, delay, dead))
-            self._cond.notify()
+    def fail(self, entry, error, *, delay, dead=False, unknown_type=False):
+        with self._lock:
+            self._failed.append(_Failure(entry, error, delay, dead, unknown_type))
+        self.on_ready()
 
-    def committed(self, ctx):
+    def committed(self, entry):
         """An atomic handler committed its own completion: count it and send the signal."""
-        with self._cond:
+        with self._lock:
             self.succeeded += 1
-        self._signal(signals.job_succeeded, ctx)
+        self._signal(signals.job_succeeded, entry.ctx)
 
-    def _signal(self, signal, ctx, **extra):
-        signals.send(
-            signal,
-            ctx.type,
-            job_id=ctx.id,
-            queue=ctx.queue,
-            attempt=ctx.attempt,
-            worker_id=self.worker_id,
-            **extra,
-        )
-
+    # -- called by the claim loop --------------------------------------------------------------
     def pending(self):
-        with self._cond:
+        with self._lock:
             return len(self._done) + len(self._failed)
 
-    # -- the thread ----------------------------------------------------------------------------
-    def run(self):
-        while True:
-            with self._cond:
-                while not (self._done or self._failed or self._closing):
-                    self._cond.wait()
-                if self._done and not self._failed and not self._closing:
-                    # Give a batch a moment to fill; a full batch or a failure cuts it short.
-                    deadline = time.monotonic() + self.interval
-                    while len(self._done) < self.batch and not self._failed and not self._closing:
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            break
-                        self._cond.wait(remaining)
-                done, self._done = self._done, []
-                failed, self._failed = self._failed, []
-                closing = self._closing
-            self._flush(done, failed)
-            if closing and not self.pending():
-                if not isinstance(self.session, str):
-                    self.session.close()
-                connections[self.using].close()
-                return
+    def full(self):
+        with self._lock:
+            return len(self._done) >= self.batch or bool(self._failed)
 
-    def close(self, timeout):
-        """Flush what is buffered (retrying through connection loss until ``timeout``), stop."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        self.join(timeout)
-        return not self.is_alive()
+    def pending_keys(self):
+        """``(id, token)`` of every buffered outcome: their leases must be kept until written."""
+        with self._lock:
+            return [e.key for e, _ in self._done] + [f.entry.key for f in self._failed]
 
-    MAX_OTHER_ERRORS = 5  # a write that keeps failing for a reason other than the connection
+    def flush_once(self, db):
+        """Write what is buffered on ``db``. Returns the number of outcomes written.
 
-    def _flush(self, done, failed):
-        attempt = other = 0
-        while done or failed:
-            try:
-                if done:
-                    self._write_done(done)
-                    done = []
-                while failed:
-                    self._write_failure(*failed[0])
-                    failed.pop(0)
-            except DB_ERRORS as exc:
-                attempt += 1
-                self.on_db_error()
-                reset_connection(
-                    self.using, self.session if not isinstance(self.session, str) else None
-                )
-                delay = min(5.0, 0.05 * 2**attempt)
-                logger.warning(
-                    "dbqueue could not write %d acknowledgements (%s); retrying in %.2fs",
-                    len(done) + len(failed),
-                    exc,
-                    delay,
-                )
-                # Keep retrying while the worker runs; at shutdown the caller's timeout bounds it.
-                time.sleep(delay)
-            except Exception:
-                # Not the connection: a constraint, a value the database refuses, a bug. Narrow
-                # it down to the one write that fails and give up only that one, so it never holds
-                # back the rest. A job given up here stays running until its lease expires; the
-                # sweeper then records that and retries it.
-                other += 1
-                logger.exception(
-                    "dbqueue could not write %d acknowledgements (attempt %d)",
-                    len(done) + len(failed),
-                    other,
-                )
-                reset_connection(
-                    self.using, self.session if not isinstance(self.session, str) else None
-                )
-                if len(done) > 1:
-                    done = self._write_done_singly(done)
-                    continue
-                if other >= self.MAX_OTHER_ERRORS:
-                    given_up = done[0][0] if done else failed[0][0]
-                    logger.error(
-                        "dbqueue gave up acknowledging job=%s type=%s attempt=%s; the sweeper "
-                        "will take it back when its lease expires",
-                        given_up.id,
-                        given_up.type,
-                        given_up.attempt,
-                    )
-                    if done:
-                        done = []
-                    else:
-                        failed.pop(0)
-                    other = 0
-                    continue
-                time.sleep(0.1 * other)
+        Raises the connection error when the database is gone; nothing is lost then: the
+        buffer keeps it all for the next call.
+        """
+        with self._lock:
+            done, self._done = self._done, []
+            failed, self._failed = self._failed, []
+        written = 0
+        try:
+            if done:
+                written += self._write_done(db, done)
+                done = []
+            while failed:
+                if self._write_failure(db, failed[0]):
+                    written += 1
+                failed.pop(0)
+        except DB_ERRORS:
+            with self._lock:
+                self._done[:0] = done
+                self._failed[:0] = failed
+            raise
+        return written
 
-    def _write_done_singly(self, done):
-        """Write each completion alone; returns those that failed for the connection's sake
-        (to retry). Those refused by the database itself are logged and left to the sweeper."""
-        retry = []
-        for item in done:
-            try:
-                self._write_done([item])
-            except DB_ERRORS:
-                retry.append(item)
-            except Exception:
+    # -- writes --------------------------------------------------------------------------------
+    def _write_done(self, db, done):
+        # In id order, like the heartbeat, so the two never lock the same rows in opposite orders.
+        acks = sorted((e.ctx.id, e.token, r) for e, r in done)
+        try:
+            matched = store.complete(db, acks, async_commit=self.async_commit)
+        except DB_ERRORS:
+            raise
+        except Exception:
+            if len(done) == 1:
+                entry = done[0][0]
                 logger.exception(
                     "dbqueue could not acknowledge job=%s type=%s attempt=%s; the sweeper will "
                     "take it back when its lease expires",
-                    item[0].id,
-                    item[0].type,
-                    item[0].attempt,
+                    entry.ctx.id,
+                    entry.ctx.type,
+                    entry.ctx.attempt,
                 )
-        return retry
+                return 0
+            # Narrow it down to the write the database refuses; the others go through.
+            logger.exception(
+                "dbqueue could not acknowledge %d jobs; writing them one by one", len(done)
+            )
+            written = 0
+            for item in done:
+                written += self._write_done(db, [item])
+            return written
+        missing = [e for e, _ in done if e.ctx.id not in matched]
+        if missing:
+            matched |= self._read_back(db, missing, "done")
+        for entry, _ in done:
+            if entry.ctx.id in matched:
+                self.succeeded += 1
+                self._signal(signals.job_succeeded, entry.ctx)
+            else:
+                self._fenced(entry, "completion")
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "dbqueue succeeded job=%s type=%s attempt=%s",
+                    entry.ctx.id,
+                    entry.ctx.type,
+                    entry.ctx.attempt,
+                )
+        return len(matched)
 
-    def _write_done(self, done):
-        # In id order, like the heartbeat, so the two never lock the same rows in opposite orders.
-        acks = sorted((c.id, c.attempt, r) for c, r in done)
-        matched = store.complete(self.session, acks, worker=self.worker_id)
-        self.succeeded += len(matched)
-        for ctx, _ in done:
-            if ctx.id not in matched:
-                self.fenced += 1
-                logger.warning(
-                    "dbqueue fenced job=%s type=%s attempt=%s: completion discarded, the lease "
-                    "was lost and the job belongs to another attempt",
+    def _read_back(self, db, entries, *states):
+        """Ids among ``entries`` whose row shows this run's own write in one of ``states``."""
+        rows = store.read_back(db, [e.ctx.id for e in entries])
+        return {
+            e.ctx.id
+            for e in entries
+            if rows.get(e.ctx.id, (None, None))[1] == e.token and rows[e.ctx.id][0] in states
+        }
+
+    def _write_failure(self, db, failure):
+        entry, ctx = failure.entry, failure.entry.ctx
+        try:
+            if failure.unknown_type:
+                state = store.defer_unknown_type(
+                    db,
+                    job_id=ctx.id,
+                    token=entry.token,
+                    error=failure.error,
+                    delay=self.unknown_type_delay,
+                    grace=self.unknown_type_grace,
+                )
+            else:
+                state = store.fail(
+                    db,
+                    job_id=ctx.id,
+                    token=entry.token,
+                    error=failure.error,
+                    delay=failure.delay,
+                    dead=failure.dead,
+                )
+        except DB_ERRORS:
+            raise
+        except Exception:
+            failure.tries += 1
+            logger.exception(
+                "dbqueue could not record the failure of job=%s type=%s attempt=%s (try %d)",
+                ctx.id,
+                ctx.type,
+                ctx.attempt,
+                failure.tries,
+            )
+            if failure.tries >= self.MAX_OTHER_ERRORS:
+                logger.error(
+                    "dbqueue gave up recording the failure of job=%s type=%s attempt=%s; the "
+                    "sweeper will take it back when its lease expires",
                     ctx.id,
                     ctx.type,
                     ctx.attempt,
                 )
-            else:
-                self._signal(signals.job_succeeded, ctx)
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug(
-                    "dbqueue succeeded job=%s type=%s attempt=%s", ctx.id, ctx.type, ctx.attempt
-                )
-
-    def _write_failure(self, ctx, error, delay, dead):
-        state = store.fail(
-            self.using,
-            worker=self.worker_id,
-            job_id=ctx.id,
-            attempt=ctx.attempt,
-            error=error,
-            delay=delay,
-            dead=dead,
-        )
+                return False
+            with self._lock:
+                self._failed.append(failure)
+            return False
         if state is None:
-            self.fenced += 1
-            logger.warning(
-                "dbqueue fenced job=%s type=%s attempt=%s: failure discarded, the lease was lost",
-                ctx.id,
-                ctx.type,
-                ctx.attempt,
-            )
-        elif state == "dead":
+            rows = store.read_back(db, [ctx.id])
+            state, token = rows.get(ctx.id, (None, None))
+            if token != entry.token or state not in ("pending", "dead"):
+                self._fenced(entry, "failure")
+                return False
+        self._report_failure(failure, state)
+        return True
+
+    def _report_failure(self, failure, state):
+        ctx, error = failure.entry.ctx, failure.error
+        if state == "dead":
             self.dead += 1
             logger.error(
                 "dbqueue dead job=%s type=%s attempt=%s/%s: %s: %s",
@@ -241,6 +229,16 @@ class Acknowledger(threading.Thread):
                 error["message"],
             )
             self._signal(signals.job_dead, ctx, error=error)
+        elif failure.unknown_type:
+            self.deferred += 1
+            logger.warning(
+                "dbqueue deferred job=%s type=%s attempt=%s: no handler on this worker; back to "
+                "pending in %gs for a worker that has one (the attempt is not spent)",
+                ctx.id,
+                ctx.type,
+                ctx.attempt,
+                self.unknown_type_delay,
+            )
         else:
             self.failed += 1
             logger.warning(
@@ -249,8 +247,30 @@ class Acknowledger(threading.Thread):
                 ctx.type,
                 ctx.attempt,
                 ctx.max_attempts,
-                delay,
+                failure.delay,
                 error["class"],
                 error["message"],
             )
-            self._signal(signals.job_failed, ctx, error=error, retry_in=delay)
+            self._signal(signals.job_failed, ctx, error=error, retry_in=failure.delay)
+
+    def _fenced(self, entry, what):
+        self.fenced += 1
+        logger.warning(
+            "dbqueue fenced job=%s type=%s attempt=%s: %s discarded, the lease was lost and the "
+            "job belongs to another attempt",
+            entry.ctx.id,
+            entry.ctx.type,
+            entry.ctx.attempt,
+            what,
+        )
+
+    def _signal(self, signal, ctx, **extra):
+        signals.send(
+            signal,
+            ctx.type,
+            job_id=ctx.id,
+            queue=ctx.queue,
+            attempt=ctx.attempt,
+            worker_id=self.worker_id,
+            **extra,
+        )

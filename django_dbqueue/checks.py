@@ -78,6 +78,20 @@ _RULES = {
         "a channel name (str of 1 to 63 characters)",
     ),
     "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
+    "LISTEN_DATABASE": (
+        lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
+        "None or an alias in DATABASES (a direct connection, not through a pooler)",
+    ),
+    "EXECUTION": (lambda v: v in ("thread", "process"), '"thread" or "process"'),
+    "HUNG_THREAD_LIMIT": (
+        lambda v: _number(v, minimum=0, integer=True, allow_none=True),
+        "an integer >= 0 or None (the concurrency)",
+    ),
+    "UNKNOWN_TYPE_DELAY": (
+        lambda v: _number(v, minimum=0, exclusive=True),
+        "a number of seconds > 0",
+    ),
+    "UNKNOWN_TYPE_GRACE": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
     "PREPARE": (lambda v: isinstance(v, bool), "True or False"),
     "ASYNC_COMMIT": (lambda v: isinstance(v, bool), "True or False"),
     "STATUS_INTERVAL": (

@@ -14,11 +14,14 @@ Everything else runs on the calling thread's ordinary Django connection.
 """
 
 import contextlib
+import logging
 import threading
 
 import psycopg
 from django.core.signals import request_finished
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
+
+logger = logging.getLogger("django_dbqueue")
 
 # A lost connection surfaces as OperationalError (server gone, terminated) or InterfaceError
 # (the connection object is already closed): Django's wrappers on Django connections, psycopg's
@@ -96,21 +99,17 @@ class Session:
     """A lazily opened psycopg connection in autocommit; ``reset()`` drops it after a fault.
 
     The claim loop runs a handful of statements thousands of times. They are prepared once
-    (``prepare``) and, for claims, completions and lease extensions, committed with
-    ``synchronous_commit = off`` (``async_commit``): the commit returns before its WAL reaches
-    the disk. A database crash can then lose the last fraction of a second of claims and
-    completions, which only means those jobs run again, as at-least-once delivery already allows.
-    Failures, dead letters and releases are never written this way: they go through the ordinary,
-    durable Django connection.
+    (``prepare``); claims, completions and lease extensions ask for an asynchronous commit in the
+    statement itself (see sql.py), failures, dead letters and releases commit durably.
 
-    Behind PgBouncer in transaction mode set ``PREPARE`` and ``ASYNC_COMMIT`` to False: both are
-    session state that a transaction pooler does not keep.
+    Behind PgBouncer in transaction mode (1.21 and older keep no prepared statements) set
+    ``PREPARE`` to False; a session that finds its prepared statements gone says so and stops
+    preparing. ``ASYNC_COMMIT`` travels with each statement and works through a pooler.
     """
 
-    def __init__(self, using, *, prepare=True, async_commit=True):
+    def __init__(self, using, *, prepare=True):
         self.using = using
         self.prepare = prepare
-        self.async_commit = async_commit
         self.conn = None
         self.statements = 0  # executed, for tests that pin the hot paths' query counts
 
@@ -121,15 +120,28 @@ class Session:
             # that a batch holds 3 ids or 500, and was seen to pick a sequential scan of the
             # whole table for the completion join. Parsing is what the preparation saves.
             conn.execute("SET plan_cache_mode TO force_custom_plan", prepare=False)
-        if self.async_commit:
-            conn.execute("SET synchronous_commit TO off", prepare=False)
         self.conn = conn
 
     def execute(self, statement, params):
         """Run one statement; returns its rows (``[]`` when it returns none)."""
         if self.conn is None or self.conn.closed:
             self._connect()
-        cursor = self.conn.execute(statement, params)
+        try:
+            cursor = self.conn.execute(statement, params)
+        except (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement):
+            if not self.prepare:
+                raise
+            # Prepared statements that vanish or collide: a transaction pooler (PgBouncer in
+            # transaction mode) hands this client another server connection per transaction.
+            logger.error(
+                "dbqueue: prepared statements do not survive on database %r (a transaction "
+                "pooler such as PgBouncer?); no longer preparing. Set DBQUEUE['PREPARE'] = False "
+                "for this database.",
+                self.using,
+            )
+            self.prepare = False
+            self.reset()
+            raise
         self.statements += 1
         return cursor.fetchall() if cursor.description else []
 

@@ -6,6 +6,7 @@ listener never needs to be exact, only quick and self-healing.
 """
 
 import logging
+import os
 import random
 import selectors
 import threading
@@ -28,17 +29,28 @@ class Listener(threading.Thread):
 
     IDLE_CHECK = 30.0  # seconds of silence after which the connection is probed
 
-    def __init__(self, using, channel, on_notify, stop_event, *, max_backoff=5.0):
+    def __init__(self, using, channel, on_notify, stop_event, *, max_backoff=5.0, on_crash=None):
         super().__init__(name="dbqueue-listener", daemon=True)
         self.using = using
         self.channel = channel
         self.on_notify = on_notify
         self.stop_event = stop_event
         self.max_backoff = max_backoff
+        self.on_crash = on_crash
         self.connected = threading.Event()
         self.reconnects = 0
 
     def run(self):
+        try:
+            self._run()
+        except BaseException as exc:
+            # Not a connection fault (those are retried below): a bug. Without the listener
+            # the worker would only poll, silently; stop it instead, so it is restarted.
+            logger.exception("dbqueue listener crashed")
+            if self.on_crash is not None:
+                self.on_crash(f"the listener thread crashed: {exc!r}")
+
+    def _run(self):
         failures = 0
         while not self.stop_event.is_set():
             try:
@@ -77,3 +89,90 @@ class Listener(threading.Thread):
                 elif time.monotonic() - last_traffic > self.IDLE_CHECK:
                     conn.execute("SELECT 1")  # a dead peer shows up here as an error
                     last_traffic = time.monotonic()
+
+
+class PipeWaker:
+    """A supervised worker's wake-up source: the supervisor's listener writes a byte into this
+    process's pipe when the worker should claim. Same contract as a Listener's thread."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.thread = None
+
+    def start(self, on_notify, stop_event, *, on_crash=None):
+        def run():
+            try:
+                with selectors.DefaultSelector() as selector:
+                    selector.register(self.fd, selectors.EVENT_READ)
+                    while not stop_event.is_set():
+                        if selector.select(timeout=0.5):
+                            if not os.read(self.fd, 4096):
+                                return  # the supervisor is gone; its parent check stops us
+                            on_notify(None)
+            except BaseException as exc:
+                logger.exception("dbqueue wake-up pipe reader crashed")
+                if on_crash is not None:
+                    on_crash(f"the wake-up pipe reader crashed: {exc!r}")
+
+        self.thread = threading.Thread(target=run, name="dbqueue-waker", daemon=True)
+        self.thread.start()
+
+    def join(self, timeout):
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
+class GroupWaker:
+    """The listener of a ``--processes`` group: one LISTEN connection for all its workers.
+
+    Each worker reports its free slots in a shared array; a notification for ``count`` jobs
+    wakes idle workers, the freest first and in turn, until their free slots cover the count,
+    instead of every worker in the group. A (re)connection wakes them all, since notifications
+    sent meanwhile were lost.
+    """
+
+    def __init__(self, pipes, free_slots, queues):
+        self.pipes = pipes  # slot -> write fd
+        self.free_slots = free_slots  # multiprocessing Array: slot -> free slots, -1 = busy
+        self.queues = set(queues)
+        self._turn = 0
+        self.woken = 0
+
+    def on_notify(self, payload):
+        if payload is None:
+            self._wake(list(self.pipes))
+            return
+        queue, count = parse_wakeup(payload)
+        if queue not in self.queues:
+            return
+        slots = sorted(self.pipes)
+        # Rotate the starting point so that equal candidates share the work.
+        self._turn = (self._turn + 1) % max(1, len(slots))
+        slots = slots[self._turn :] + slots[: self._turn]
+        free = {slot: self.free_slots[slot] for slot in slots}
+        chosen, covered = [], 0
+        for slot in sorted(slots, key=lambda s: -free[s]):
+            if covered >= count or free[slot] <= 0:
+                break
+            chosen.append(slot)
+            covered += free[slot]
+        self._wake(chosen)
+
+    def _wake(self, slots):
+        for slot in slots:
+            try:
+                os.write(self.pipes[slot], b"\x01")
+                self.woken += 1
+            except BlockingIOError:
+                pass  # its pipe is full: it has wake-ups waiting already
+            except OSError:
+                pass
+
+
+def parse_wakeup(payload):
+    """``(queue, count)`` of a notification payload: ``"<count>:<queue>"``, or a bare queue name
+    (count 1), as sent before counts were added."""
+    head, sep, rest = payload.partition(":")
+    if sep and head.isdigit():
+        return rest, int(head)
+    return payload, 1

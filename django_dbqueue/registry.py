@@ -165,6 +165,16 @@ def job(
 
     def decorator(func):
         _check_signature(name, func)
+        is_async = inspect.iscoroutinefunction(inspect.unwrap(func))
+        if atomic and is_async:
+            # The ORM calls of an async handler run on asgiref's executor thread, on another
+            # connection than the transaction that commits the completion: not atomic at all.
+            raise JobRegistrationError(
+                f"@job({name!r}): atomic=True needs a plain (sync) function; "
+                f"{func.__qualname__} is async def, and its ORM calls would run outside the "
+                "transaction that commits the job. Make the handler sync, or drop atomic=True "
+                "and use delivery records or idempotent writes."
+            )
         register(
             JobType(
                 name=name,
@@ -176,7 +186,7 @@ def job(
                 timeout=None if timeout is None else float(timeout),
                 priority=priority,
                 atomic=bool(atomic),
-                is_async=inspect.iscoroutinefunction(inspect.unwrap(func)),
+                is_async=is_async,
             )
         )
         return func

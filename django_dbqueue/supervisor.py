@@ -1,8 +1,14 @@
 """``run_jobqueue --processes P``: a parent that keeps P worker processes running.
 
 The parent runs no jobs and opens no database connection. It forks the children (each builds its
-own ``Worker`` with its own connections), restarts a child that dies (with a growing delay when
+own ``Worker`` with its own connection), restarts a child that dies (with a growing delay when
 children keep dying at once), and forwards SIGTERM/SIGINT so each child shuts down gracefully.
+
+One listener serves the whole group: a process of its own (so that no fork ever copies a live
+database connection) holds the group's only LISTEN connection and wakes, for a notification of
+``n`` jobs, just enough idle workers to take them, through one pipe per worker; each worker
+reports its free slots in shared memory. A group of P processes thus holds P + 1 dedicated
+connections instead of 2P, and one job wakes one claim instead of P.
 It exits 0 once every child has exited after a signal; a second signal is forwarded too, which
 makes the children exit at once. Children run in their own process group (so a terminal's Ctrl-C
 reaches them once, through the parent) and stop gracefully if the parent dies. With ``--burst``
@@ -15,17 +21,25 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
 from django.db import connections
 
+from .conf import get_settings
+
 logger = logging.getLogger("django_dbqueue")
 
 
-def _child(worker_kwargs, parent_pid):
+def _forget_connections():
     # A forked child must not share the parent's sockets: drop inherited connection state.
     for connection in connections.all(initialized_only=True):
         connection.connection = None
+
+
+def _child(worker_kwargs, parent_pid, slot=None, wake_fd=None, free_slots=None):
+    _forget_connections()
+    from .notifications import PipeWaker
     from .worker import Worker
 
     # Its own process group: a Ctrl-C in the terminal (or a signal to the parent's group)
@@ -34,9 +48,42 @@ def _child(worker_kwargs, parent_pid):
     os.setpgrp()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    worker = Worker(**worker_kwargs, parent_pid=parent_pid)
+    extra = {}
+    if wake_fd is not None:
+        extra["waker"] = PipeWaker(wake_fd)
+        extra["report_free"] = lambda free: free_slots.__setitem__(slot, free)
+    worker = Worker(**worker_kwargs, parent_pid=parent_pid, **extra)
     worker.install_signal_handlers()
     raise SystemExit(worker.run())
+
+
+def _listener_main(pipes, free_slots, queues, parent_pid):
+    """The group's listener process: LISTEN, and wake the workers through their pipes."""
+    _forget_connections()
+    os.setpgrp()
+    from .conf import get_settings
+    from .notifications import GroupWaker, Listener
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conf = get_settings()
+    group = GroupWaker(pipes, free_slots, queues)
+    failed = []
+    listener = Listener(
+        conf.LISTEN_DATABASE or conf.DATABASE,
+        conf.NOTIFY_CHANNEL,
+        group.on_notify,
+        stop,
+        on_crash=lambda reason: (failed.append(reason), stop.set()),
+    )
+    listener.start()
+    while not stop.wait(0.5):
+        if os.getppid() != parent_pid:
+            break
+    stop.set()
+    listener.join(2.0)
+    raise SystemExit(1 if failed else 0)
 
 
 class Supervisor:
@@ -50,18 +97,54 @@ class Supervisor:
         self.restarts = 0
         self.context = multiprocessing.get_context("fork")
         self.finite = bool(worker_kwargs.get("burst") or worker_kwargs.get("max_jobs"))
+        listen = worker_kwargs.get("listen")
+        self.group_listen = (
+            get_settings().LISTEN if listen is None else listen
+        ) and not worker_kwargs.get("burst")
+        self.pipes = {}  # slot -> (read fd, write fd): the same pipe for every child of a slot
+        self.free_slots = None
+        self.listener = None
+        if self.group_listen:
+            self.free_slots = self.context.Array("i", processes, lock=False)
+            for slot in range(processes):
+                read_fd, write_fd = os.pipe()
+                os.set_blocking(write_fd, False)
+                self.pipes[slot] = (read_fd, write_fd)
 
     def _spawn(self, slot):
-        process = self.context.Process(
-            target=_child, args=(self.worker_kwargs, os.getpid()), name=f"dbqueue-worker-{slot}"
-        )
+        args = (self.worker_kwargs, os.getpid())
+        if self.group_listen:
+            args += (slot, self.pipes[slot][0], self.free_slots)
+        process = self.context.Process(target=_child, args=args, name=f"dbqueue-worker-{slot}")
         process.start()
         self.children[slot] = process
         self.out(f"dbqueue supervisor: started worker {slot} (pid {process.pid})")
 
+    def _spawn_listener(self):
+        queues = self.worker_kwargs.get("queues") or list(get_settings().QUEUES)
+        pipes = {slot: write_fd for slot, (_, write_fd) in self.pipes.items()}
+        self.listener = self.context.Process(
+            target=_listener_main,
+            args=(pipes, self.free_slots, queues, os.getpid()),
+            name="dbqueue-listener",
+        )
+        self.listener.start()
+
+    def _check_listener(self):
+        if self.listener is None or self.listener.is_alive() or self.stopping:
+            return
+        self.out(
+            f"dbqueue supervisor: listener (pid {self.listener.pid}) exited with code "
+            f"{self.listener.exitcode}; restarting"
+        )
+        self._spawn_listener()
+
     def _forward(self, signum, frame):
         self.signals += 1
         self.stopping = True
+        if self.listener is not None and self.listener.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.listener.pid, signal.SIGTERM)
         for process in self.children.values():
             if process.is_alive():
                 with contextlib.suppress(ProcessLookupError):
@@ -71,16 +154,21 @@ class Supervisor:
         connections.close_all()
         signal.signal(signal.SIGTERM, self._forward)
         signal.signal(signal.SIGINT, self._forward)
+        if self.group_listen:
+            self._spawn_listener()
         for slot in range(self.processes):
             self._spawn(slot)
         recent_deaths = []
         while True:
+            self._check_listener()
             alive = False
             for slot, process in list(self.children.items()):
                 process.join(timeout=0.2 / max(1, len(self.children)))
                 if process.is_alive():
                     alive = True
                     continue
+                if self.free_slots is not None:
+                    self.free_slots[slot] = 0  # wake nobody through a dead worker's pipe
                 if self.stopping:
                     continue
                 if process.exitcode == 0 and self.finite:
@@ -106,5 +194,10 @@ class Supervisor:
                     alive = True
             if (self.stopping or self.finite) and not alive:
                 break
+        if self.listener is not None:
+            if self.listener.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.listener.pid, signal.SIGTERM)
+            self.listener.join(5)
         self.out("dbqueue supervisor: all workers stopped")
         return 0

@@ -18,9 +18,12 @@ logger = logging.getLogger("django_dbqueue")
 class Sweeper:
     MAX_ROUNDS = 10  # statements per pass; what is left waits for the next pass
 
-    def __init__(self, using=None, *, conf=None):
+    def __init__(self, using=None, *, conf=None, db=None):
         self.conf = conf or get_settings()
         self.using = using or self.conf.DATABASE
+        # Where the statements run: the alias (this thread's Django connection) or, inside a
+        # worker, its own Session, so that sweeping costs the worker no extra connection.
+        self.db = db if db is not None else self.using
 
     def run_once(self):
         """One pass. Returns ``{"rescued": n, "dead": n, "pruned": n}``."""
@@ -40,7 +43,7 @@ class Sweeper:
             if age is None:
                 continue
             for _ in range(self.MAX_ROUNDS):
-                deleted = store.prune(self.using, state=state, age=age, limit=conf.SWEEP_BATCH)
+                deleted = store.prune(self.db, state=state, age=age, limit=conf.SWEEP_BATCH)
                 pruned += deleted
                 if deleted < conf.SWEEP_BATCH:
                     break
@@ -54,7 +57,7 @@ class Sweeper:
         counts = {"rescued": 0, "dead": 0}
         for _ in range(self.MAX_ROUNDS):
             rows = store.rescue_expired(
-                self.using,
+                self.db,
                 limit=conf.SWEEP_BATCH,
                 base=conf.BACKOFF_BASE,
                 factor=conf.BACKOFF_FACTOR,

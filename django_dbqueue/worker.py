@@ -1,63 +1,51 @@
-"""The worker: claim loop, handler threads, heartbeats and graceful shutdown. No SQL text here.
+"""The worker: the claim loop and shutdown. No SQL text, no thread plumbing here.
 
-One ``Worker`` is one process's worth of work: a claim loop on the calling thread, ``concurrency``
-handler threads (each with its own database connection), an acknowledgement thread that writes
-outcomes back in batches, a heartbeat thread that extends leases, and a listener thread that
-turns NOTIFY into an immediate claim. ``run_once()`` does one claim; ``run()`` loops until
-stopped, SIGTERM, ``burst`` drained or ``max_jobs`` reached.
+One ``Worker`` is one process's worth of work. Its loop, on the calling thread, is the only code
+that talks to the database for the worker itself, on one connection of its own (a ``Session``):
+it claims jobs into free handler slots, writes the outcomes the handlers left in the
+acknowledgement buffer (``acks.flush_once``), renews leases (``heartbeat.beat_once``), gives up
+runs past their timeout, sweeps expired leases and ticks the schedule. Handlers run in the
+handler pool (``execution.py``), which touches the database only through the handlers' own
+Django connections. A listener thread (or, under ``--processes``, the supervisor) turns
+NOTIFY into an immediate claim.
+
+Dedicated connections per worker process: the Session, plus the listener's when the process
+listens itself (``LISTEN`` on and not under a supervisor that listens for the group).
+
+``run_once()`` does one claim; ``run()`` loops until stopped, SIGTERM, ``burst`` drained or
+``max_jobs`` reached, and returns the exit code: 0 after a graceful stop, 3 when the worker gave
+up (too many hung handler threads, a helper thread died) so that its supervisor restarts it.
 """
 
-import asyncio
 import logging
 import os
-import queue as queue_module
 import secrets
 import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 
-from django.db import connections, transaction
+from django.db import connections
 
 from . import registry, store
 from .acks import Acknowledger
 from .conf import get_settings
-from .connections import (
-    DB_ERRORS,
-    OTHER_DB_ERRORS,
-    Session,
-    close_side_connections,
-    discard_connection,
-    reset_connection,
-)
+from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session, reset_connection
 from .context import JobContext
-from .exceptions import DiscardJob, RetryJob
+from .execution import make_pool, retry_delay
 from .heartbeat import Heartbeat
-from .notifications import Listener
-from .outcomes import clamp_delay, encode_result, error_record
+from .inflight import Entry, Inflight
+from .notifications import Listener, parse_wakeup
 from .scheduler import Scheduler
 from .sweeper import Sweeper
 
 logger = logging.getLogger("django_dbqueue")
 
+EXIT_GAVE_UP = 3
+
 
 def make_worker_id():
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-class _FencedOut(Exception):
-    """An atomic handler's completion matched no row: roll its writes back."""
-
-
-@dataclass(eq=False)
-class _Inflight:
-    ctx: JobContext
-    timeout: float | None
-    started: float | None = None
-    timed_out: bool = False
-    lost: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 class Worker:
@@ -76,6 +64,9 @@ class Worker:
         listen=None,
         out=None,
         parent_pid=None,
+        execution=None,
+        waker=None,
+        report_free=None,
     ):
         conf = get_settings()
         self.conf = conf
@@ -97,49 +88,57 @@ class Worker:
         self.worker_id = worker_id or make_worker_id()
         self.parent_pid = parent_pid  # under a supervisor: stop if it dies
         self.out = out or logger.info
+        self.execution = execution or conf.EXECUTION
         self.queue_caps = [
             (conf.QUEUES.get(name) or {}).get("concurrency") or self.concurrency + self.prefetch_max
             for name in self.queues
         ]
+        self.async_commit = conf.ASYNC_COMMIT
         self.stopping = threading.Event()  # no more claims
-        self.stopped = threading.Event()  # threads may exit
+        self.stopped = threading.Event()  # helper threads may exit
         self._wakeup = threading.Event()
+        self._acks_ready = threading.Event()
         self._want_capacity = False
-        self._lock = threading.Lock()
-        # Keyed by (id, attempt): a job given up here (timeout, lost lease) can be claimed again
-        # by this same worker while the old attempt's thread is still running.
-        self._inflight: dict[tuple[int, int], _Inflight] = {}
-        self._work: queue_module.SimpleQueue = queue_module.SimpleQueue()
-        self._threads: list[threading.Thread] = []
+        self._claim_next = True  # claim at once: at start, after a notification, when capacity
+        self._next_poll = 0.0  # ... or at the latest at the poll
+        self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
         self._signals = 0
-        self._releasing = False  # set on a stop: unstarted jobs go back instead of running
-        # Bumped whenever a worker thread hits a lost connection: handler threads then check
-        # their own connection before the next job, instead of failing one job on it each.
-        self.db_error_epoch = 0
+        self._reconnected = False
+        self.exit_code = 0
         self.claimed_total = 0
-        # The claim loop's own connection: prepared statements, asynchronous commit (connections.Session).
-        self.session = Session(self.using, prepare=conf.PREPARE, async_commit=conf.ASYNC_COMMIT)
-        self.sweeper = Sweeper(self.using, conf=conf)
-        self.scheduler = Scheduler(self.using, conf=conf)
+        self.claims = 0  # claim statements run (the fleet benchmark counts claims per job)
+        self.empty_claims = 0
+        self.inflight = Inflight()
+        # The loop's own connection: prepared statements; claims, completions and heartbeats
+        # commit asynchronously with ASYNC_COMMIT (see connections.Session).
+        self.session = Session(self.using, prepare=conf.PREPARE)
         self.acks = Acknowledger(
-            self.using,
-            interval=conf.ACK_INTERVAL,
-            batch=conf.ACK_BATCH,
             worker_id=self.worker_id,
-            stop_event=self.stopped,
-            on_db_error=self.note_db_error,
-            session=Session(
-                using or conf.DATABASE, prepare=conf.PREPARE, async_commit=conf.ASYNC_COMMIT
-            ),
+            batch=conf.ACK_BATCH,
+            async_commit=self.async_commit,
+            unknown_type_delay=conf.UNKNOWN_TYPE_DELAY,
+            unknown_type_grace=conf.UNKNOWN_TYPE_GRACE,
         )
+        self.acks.on_ready = self._on_ack
+        self.heartbeat = Heartbeat(self)
+        hung_limit = conf.HUNG_THREAD_LIMIT
+        self.pool = make_pool(
+            self,
+            self.execution,
+            self.concurrency,
+            hung_limit=self.concurrency if hung_limit is None else hung_limit,
+        )
+        self.sweeper = Sweeper(self.using, conf=conf, db=self.session)
+        self.scheduler = Scheduler(self.using, conf=conf)
+        self.waker = waker  # a supervisor's wake-up pipe, instead of a listener of our own
+        self.report_free = report_free  # tells that supervisor how many jobs we could take
         self.listener = None
 
     # ---------------------------------------------------------------------------------------
     # The claim
     # ---------------------------------------------------------------------------------------
     def free_slots(self):
-        with self._lock:
-            return self.concurrency + self.prefetch - len(self._inflight)
+        return self.concurrency + self.prefetch - self.inflight.occupied()
 
     @property
     def _min_batch(self):
@@ -154,223 +153,122 @@ class Worker:
             self.prefetch = min(self.prefetch_max, self.prefetch * 2)
         self._starved = 0
 
+    def _timeout_of(self, job_type):
+        if job_type is None or not job_type.timeout:
+            return None
+        if job_type.is_async:
+            # The coroutine is cancelled at its timeout; the watchdog steps in only when its
+            # event loop is blocked and cancelling cannot work.
+            return job_type.timeout + max(1.0, 0.1 * job_type.timeout)
+        return job_type.timeout
+
     def run_once(self):
-        """Claim what fits into the free slots and hand it to the handler threads.
+        """Claim what fits into the free slots and hand it to the handler pool.
 
         Returns ``(claimed, asked)``.
         """
         asked = self.free_slots()
         if self.max_jobs is not None:
             asked = min(asked, self.max_jobs - self.claimed_total)
-        if asked <= 0:
+        if asked <= 0 or self.stopping.is_set():
             return 0, 0
-        with self._lock:
-            running = {}
-            for entry in self._inflight.values():
-                running[entry.ctx.queue] = running.get(entry.ctx.queue, 0) + 1
+        running = self.inflight.by_queue()
         limits = [
             max(0, min(asked, cap - running.get(name, 0)))
             for name, cap in zip(self.queues, self.queue_caps, strict=True)
         ]
+        token = store.new_token()
         rows = store.claim(
-            self.session, worker_id=self.worker_id, queues=self.queues, limits=limits, limit=asked
+            self.session,
+            worker_id=self.worker_id,
+            queues=self.queues,
+            limits=limits,
+            limit=asked,
+            token=token,
+            async_commit=self.async_commit,
         )
+        self.claims += 1
+        if not rows:
+            self.empty_claims += 1
         self._adapt_prefetch(len(rows), asked)
-
         self.claimed_total += len(rows)
-        for row in rows:
-            ctx = JobContext(row, worker_id=self.worker_id, using=self.using)
-            job_type = registry.get(ctx.type)
-            entry = _Inflight(ctx, job_type.timeout if job_type else None)
-            with self._lock:
-                self._inflight[(ctx.id, ctx.attempt)] = entry
-            self._work.put(entry)
+        entries = [
+            Entry(
+                JobContext(row, worker_id=self.worker_id, using=self.using),
+                token,
+                self._timeout_of(registry.get(row.type)),
+            )
+            for row in rows
+        ]
+        self.inflight.add(entries)
+        self.pool.submit(entries)
         if rows and logger.isEnabledFor(logging.DEBUG):
             logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
         return len(rows), asked
 
     # ---------------------------------------------------------------------------------------
-    # Handler threads
+    # Called by the handler pool
     # ---------------------------------------------------------------------------------------
-    def note_db_error(self):
-        self.db_error_epoch += 1
-
-    def _handler_thread(self):
-        loop = None
-        seen_epoch = self.db_error_epoch
-        try:
-            while True:
-                try:
-                    entry = self._work.get_nowait()
-                except queue_module.Empty:
-                    self._starved += 1  # threads outran the claims: prefetch more
-                    entry = self._work.get()
-                if entry is None:
-                    return
-                if seen_epoch != self.db_error_epoch:
-                    seen_epoch = self.db_error_epoch
-                    self._drop_broken_connections()
-                if self._releasing and entry.started is None:
-                    # Claimed but not started before shutdown: hand it back untouched.
-                    self._finish(entry, released=True)
-                    continue
-                if (
-                    registry.get(entry.ctx.type)
-                    and registry.get(entry.ctx.type).is_async
-                    and loop is None
-                ):
-                    loop = asyncio.new_event_loop()
-                try:
-                    self._run_job(entry, loop)
-                except Exception:  # a bug of ours: log it, keep the thread alive
-                    logger.exception("dbqueue: internal error running job=%s", entry.ctx.id)
-        finally:
-            if loop is not None:
-                loop.close()
-            close_side_connections()
-            connections.close_all()
-
-    def _run_job(self, entry, loop):
-        ctx = entry.ctx
-        entry.started = time.monotonic()
-        job_type = registry.get(ctx.type)
-        try:
-            if job_type is None:
-                raise LookupError(
-                    f"no handler is registered for job type {ctx.type!r} on worker "
-                    f"{self.worker_id} (was its @job removed or renamed?)"
-                )
-            if job_type.atomic:
-                self._run_atomic(job_type, ctx, entry, loop)
-                result_json = None
-            else:
-                result_json = encode_result(self._call(job_type, ctx, loop))
-        except _FencedOut:
+    def settle(self, entry, outcome):
+        """Hand a run's outcome to the acknowledgement buffer (or discard it: given up)."""
+        kind = outcome.kind
+        if kind == "committed":
+            self.acks.committed(entry)
+        elif entry.given_up:
+            return  # timed out, lost or released: that attempt's end is already written
+        elif kind == "success":
+            self.acks.succeed(entry, outcome.result)
+        elif kind == "fenced":
+            self.acks.fenced += 1
             logger.warning(
-                "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, "
-                "the lease was lost and the job belongs to another attempt",
-                ctx.id,
-                ctx.type,
-                ctx.attempt,
+                "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, the lease "
+                "was lost and the job belongs to another attempt",
+                entry.ctx.id,
+                entry.ctx.type,
+                entry.ctx.attempt,
             )
-        except RetryJob as exc:
-            self._failed(entry, exc, delay=clamp_delay(exc.delay))
-        except DiscardJob as exc:
-            self._failed(entry, exc, delay=0, dead=True)
-        except BaseException as exc:
-            # Exception, but also SystemExit from a handler's sys.exit(), an async handler's
-            # CancelledError or a KeyboardInterrupt raised into this thread: the job failed, the
-            # thread lives on.
-            if isinstance(exc, DB_ERRORS):
-                self.note_db_error()
-            self._failed(entry, exc, delay=self._retry_delay(job_type, ctx.attempt))
         else:
-            if job_type.atomic:
-                self.acks.committed(ctx)  # its completion committed with its writes
-            elif not (entry.timed_out or entry.lost):
-                self.acks.succeed(ctx, result_json)
-        finally:
-            self._cleanup_connections()
-            self._finish(entry)
-
-    def _call(self, job_type, ctx, loop):
-        if job_type.is_async:
-            return loop.run_until_complete(job_type.func(ctx))
-        return job_type.func(ctx)
-
-    def _run_atomic(self, job_type, ctx, entry, loop):
-        with transaction.atomic(using=self.using):
-            result_json = encode_result(self._call(job_type, ctx, loop))
-            if entry.timed_out or entry.lost:
-                raise _FencedOut
-            acks = [(ctx.id, ctx.attempt, result_json)]
-            if not store.complete(self.using, acks, worker=self.worker_id):
-                raise _FencedOut
-
-    def _retry_delay(self, job_type, attempt):
-        try:
-            return clamp_delay(registry.retry_delay(job_type, attempt, self.conf))
-        except Exception:  # a broken backoff callable must not lose the failure
-            logger.exception(
-                "dbqueue: the backoff of job type %r failed; retrying in 60s",
-                getattr(job_type, "name", "?"),
+            self.acks.fail(
+                entry,
+                outcome.error,
+                delay=outcome.delay,
+                dead=kind == "dead",
+                unknown_type=kind == "unknown",
             )
-            return 60.0
 
-    def _failed(self, entry, exc, *, delay, dead=False):
-        if entry.timed_out or entry.lost:
-            return  # the timeout or the sweeper already recorded this attempt's end
-        record = error_record(exc, attempt=entry.ctx.attempt, worker_id=self.worker_id)
-        self.acks.fail(entry.ctx, record, delay=delay, dead=dead)
-
-    @staticmethod
-    def _drop_broken_connections():
-        for connection in connections.all(initialized_only=True):
-            if connection.connection is not None and not connection.is_usable():
-                connection.close()
-
-    def _cleanup_connections(self):
-        # A handler that broke its connection must not pass the breakage to the next job.
-        for connection in connections.all(initialized_only=True):
-            if connection.connection is not None and connection.errors_occurred:
-                if connection.is_usable():
-                    connection.errors_occurred = False
-                else:
-                    connection.close()
-            if connection.in_atomic_block or (
-                connection.connection is not None and not connection.get_autocommit()
-            ):
-                logger.error(
-                    "dbqueue: a handler left a transaction open on %r; rolling it back",
-                    connection.alias,
-                )
-                discard_connection(connection)
-
-    def _finish(self, entry, released=False):
-        with self._lock:
-            self._inflight.pop((entry.ctx.id, entry.ctx.attempt), None)
-            free = self.concurrency + self.prefetch - len(self._inflight)
-            # Wake the claim loop when a real batch fits again (or when the worker went idle,
-            # which a burst run waits for); waking on every finish would claim one job at a time.
-            want = (self._want_capacity and free >= self._min_batch) or not self._inflight
-        if released:
-            self._release([entry])
+    def finished(self, entry):
+        occupied = self.inflight.remove(entry)
         entry.done.set()
-        if want:
+        free = self.concurrency + self.prefetch - occupied
+        # Claim again when a backlog left the slots full and a real batch fits again (or, in a
+        # burst run, when the worker went idle: it ends on an empty claim). Waking on every
+        # finish would claim one job at a time; after a claim that came back short, the queue
+        # was empty then and a new job announces itself.
+        if (self._want_capacity and free >= self._min_batch) or (self.burst and not occupied):
+            self._claim_next = True
             self._wakeup.set()
 
+    def retry_delay(self, job_type, attempt):
+        return retry_delay(job_type, attempt, self.conf)
+
+    def _on_ack(self):
+        self._acks_ready.set()
+        self._wakeup.set()
+
     # ---------------------------------------------------------------------------------------
-    # Notifications
+    # Wake-ups, signals, fatal errors
     # ---------------------------------------------------------------------------------------
-    def _on_notify(self, queue_name):
-        if queue_name is None or queue_name in self.queues:
+    def _on_notify(self, payload):
+        if payload is None or parse_wakeup(payload)[0] in self.queues:
+            self._claim_next = True
             self._wakeup.set()
 
-    # ---------------------------------------------------------------------------------------
-    # The loop
-    # ---------------------------------------------------------------------------------------
-    def start(self):
-        """Start the helper threads (handlers, acks, heartbeat, listener)."""
-        from .apps import DBQueueConfig
-
-        if DBQueueConfig._uses_tasks_backend():
-            from .tasks import discover_tasks
-
-            discover_tasks()  # import every app's tasks.py, so @task functions are known
-        for index in range(self.concurrency):
-            thread = threading.Thread(
-                target=self._handler_thread, name=f"dbqueue-handler-{index}", daemon=True
-            )
-            thread.start()
-            self._threads.append(thread)
-        self.acks.start()
-        self._heartbeat = Heartbeat(self)
-        self._heartbeat.start()
-        if self.listen and not self.burst:
-            self.listener = Listener(
-                self.using, self.conf.NOTIFY_CHANNEL, self._on_notify, self.stopped
-            )
-            self.listener.start()
+    def fatal(self, reason):
+        """Give up: stop claiming, hand back what has not started, exit with EXIT_GAVE_UP."""
+        if self.exit_code == 0:
+            logger.error("dbqueue worker %s giving up: %s", self.worker_id, reason)
+        self.exit_code = EXIT_GAVE_UP
+        self.stop()
 
     def install_signal_handlers(self):
         def handle(signum, frame):
@@ -395,105 +293,194 @@ class Worker:
         self.stopping.set()
         self._wakeup.set()
 
+    # ---------------------------------------------------------------------------------------
+    # The loop
+    # ---------------------------------------------------------------------------------------
+    def start(self):
+        """Start the handler pool and the listener."""
+        from .apps import DBQueueConfig
+
+        if DBQueueConfig._uses_tasks_backend():
+            from .tasks import discover_tasks
+
+            discover_tasks()  # import every app's tasks.py, so @task functions are known
+        self.pool.start()
+        if self.waker is not None:
+            self.waker.start(self._on_notify, self.stopped, on_crash=self.fatal)
+        elif self.listen and not self.burst:
+            self.listener = Listener(
+                self.conf.LISTEN_DATABASE or self.using,
+                self.conf.NOTIFY_CHANNEL,
+                self._on_notify,
+                self.stopped,
+                on_crash=self.fatal,
+            )
+            self.listener.start()
+
     def run(self):
         """Run until stopped; returns the process exit code (0 after a graceful stop)."""
         self.start()
-        errors = 0
-        next_sweep = next_schedule = time.monotonic()
-        next_status = time.monotonic() + (self.conf.STATUS_INTERVAL or 0)
-        last_counts = (0, 0, 0)
         try:
-            while not self.stopping.is_set():
-                now = time.monotonic()
-                if self.parent_pid is not None and os.getppid() != self.parent_pid:
-                    logger.warning(
-                        "dbqueue worker %s: its supervisor died; stopping", self.worker_id
-                    )
-                    self.stop()
-                    break
-                # Maintenance first, each on its own: a sweep, a schedule or a status line that
-                # fails is logged and tried again at its next interval, and never stops claiming.
-                if now >= next_sweep:
-                    next_sweep = now + self.conf.SWEEP_INTERVAL
-                    self._maintenance("sweep", self.sweeper.run_once)
-                if self.scheduler.schedules and now >= next_schedule:
-                    next_schedule = now + self.conf.SCHEDULE_INTERVAL
-                    self._maintenance("scheduler", self.scheduler.run_once)
-                if self.conf.STATUS_INTERVAL and now >= next_status:
-                    next_status = now + self.conf.STATUS_INTERVAL
-                    last_counts = (
-                        self._maintenance("status", self._status_line, last_counts) or last_counts
-                    )
-                try:
-                    self._wakeup.clear()
-                    claimed, asked = self.run_once()
-                    errors = 0
-                except DB_ERRORS as exc:
-                    errors += 1
-                    self.note_db_error()
-                    reset_connection(self.using, self.session)
-                    delay = min(5.0, 0.1 * 2**errors)
-                    logger.warning(
-                        "dbqueue worker lost the database (%s); retrying in %.2fs", exc, delay
-                    )
-                    self.stopping.wait(delay)
-                    continue
-                except OTHER_DB_ERRORS:
-                    # Not a lost connection (a bad row, a broken constraint, a migration not
-                    # applied): log it with its traceback and keep going, slowly.
-                    errors += 1
-                    delay = min(30.0, 0.5 * 2**errors)
-                    logger.exception(
-                        "dbqueue worker: database error in the claim loop; retrying in %.1fs", delay
-                    )
-                    # Also drops the session's prepared statements, which a migration can make
-                    # invalid ("cached plan must not change result type").
-                    reset_connection(self.using, self.session)
-                    self.stopping.wait(delay)
-                    continue
-                if self.max_jobs is not None and self.claimed_total >= self.max_jobs:
-                    break
-                # A burst run ends when a claim that asked for work found none and nothing is
-                # in flight. (A claim that asked for nothing, because every slot was busy, proves
-                # nothing about the queue.)
-                if (
-                    self.burst
-                    and asked
-                    and claimed == 0
-                    and self.free_slots() == self.concurrency + self.prefetch
-                ):
-                    break
-                with self._lock:
-                    self._want_capacity = asked == 0 or claimed == asked
-                    # Read under the lock that _finish() holds: a handler that finished before
-                    # the flag was set did not wake us, so look at the free slots ourselves.
-                    free = self.concurrency + self.prefetch - len(self._inflight)
-                if asked and claimed == asked:
-                    continue  # there may be more: claim again at once
-                if asked == 0 or self._want_capacity:
-                    # Full: wait for enough capacity to make the next claim a real batch.
-                    if free < self._min_batch:
-                        self._wakeup.wait(0.5)
-                else:
-                    idle = self.poll_interval
-                    if self.scheduler.schedules:
-                        idle = min(idle, max(0.0, next_schedule - time.monotonic()))
-                    self._wakeup.wait(idle)
+            self._loop()
         finally:
             self._shutdown()
-        return 0
+        return self.exit_code
+
+    def _loop(self):
+        errors = 0
+        now = time.monotonic()
+        self._next = {
+            "beat": now + self.conf.HEARTBEAT_INTERVAL,
+            "watch": now + 1.0,
+            "sweep": now,
+            "schedule": now,
+            "status": now + (self.conf.STATUS_INTERVAL or 0),
+        }
+        self._last_counts = (0, 0, 0)
+        while not self.stopping.is_set():
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                logger.warning("dbqueue worker %s: its supervisor died; stopping", self.worker_id)
+                self.stop()
+                break
+            claimed = asked = None
+            try:
+                self._batch_acks()
+                self._wakeup.clear()
+                if self._reconnected:
+                    self._recover()
+                self.acks.flush_once(self.session)
+                self._maintain()
+                # Claim only when there may be work: a notification, capacity wanted for a
+                # backlog, the poll. A wake-up to write outcomes or renew leases claims nothing.
+                if self._claim_next or time.monotonic() >= self._next_poll:
+                    self._claim_next = False
+                    claimed, asked = self.run_once()
+                    self._next_poll = time.monotonic() + self.poll_interval
+                errors = 0
+            except DB_ERRORS as exc:
+                errors += 1
+                self._lost_connection()
+                delay = min(5.0, 0.1 * 2**errors)
+                logger.warning(
+                    "dbqueue worker lost the database (%s); retrying in %.2fs", exc, delay
+                )
+                self.stopping.wait(delay)
+                continue
+            except OTHER_DB_ERRORS:
+                # Not a lost connection (a bad row, a broken constraint, a migration not
+                # applied): log it with its traceback and keep going, slowly.
+                errors += 1
+                delay = min(30.0, 0.5 * 2**errors)
+                logger.exception(
+                    "dbqueue worker: database error in the claim loop; retrying in %.1fs", delay
+                )
+                # Also drops the session's prepared statements, which a migration can make
+                # invalid ("cached plan must not change result type").
+                self._lost_connection()
+                self.stopping.wait(delay)
+                continue
+            if claimed is not None:
+                if self.max_jobs is not None and self.claimed_total >= self.max_jobs:
+                    break
+                # A burst run ends when a claim that asked for work found none, nothing is in
+                # flight and every outcome is written. (A claim that asked for nothing, because
+                # every slot was busy, proves nothing about the queue.)
+                if self.burst and asked and claimed == 0 and not self.inflight.occupied():
+                    if not self.acks.pending():
+                        break
+                    self._claim_next = True
+                    continue
+                self._want_capacity = asked == 0 or claimed == asked
+                if asked and claimed == asked:
+                    self._claim_next = True
+                    continue  # there may be more: claim again at once
+                if self._want_capacity:
+                    # Full: claim again when a real batch fits (a finishing handler says so),
+                    # or in half a second whatever fits then.
+                    self._next_poll = min(self._next_poll, time.monotonic() + 0.5)
+            free = self.free_slots()
+            if self.report_free is not None:
+                self.report_free(free if not self._want_capacity or free >= self._min_batch else 0)
+            self._wakeup.wait(self._idle_wait())
+
+    def _idle_wait(self):
+        now = time.monotonic()
+        if self.acks.pending():
+            return self.conf.ACK_INTERVAL
+        wait = self._next_poll - now
+        due = [self._next["beat"], self._next["sweep"]]
+        if self.scheduler.schedules:
+            due.append(self._next["schedule"])
+        if self.inflight.occupied():
+            due.append(self._next["watch"])
+        return max(0.0, min(wait, min(due) - now))
+
+    def _batch_acks(self):
+        """Let a few completions gather into one statement, unless the slots want a claim."""
+        if not self.acks.pending() or self.acks.full() or self.stopping.is_set():
+            return
+        if self.free_slots() >= self._min_batch and self._want_capacity:
+            return
+        self._acks_ready.clear()
+        self._acks_ready.wait(self.conf.ACK_INTERVAL)
+
+    def _maintain(self):
+        """Heartbeat, watchdog, sweeper, scheduler and status line, each when it is due."""
+        now = time.monotonic()
+        nxt = self._next
+        if now >= nxt["watch"]:
+            nxt["watch"] = now + 1.0
+            self.heartbeat.check_timeouts()
+        if now >= nxt["beat"]:
+            self.heartbeat.beat_once(self.session)  # a lost connection goes to the loop
+            nxt["beat"] = now + self.conf.HEARTBEAT_INTERVAL
+        # Each of these on its own: one that fails is logged and tried again at its next
+        # interval, and never stops claiming.
+        if now >= nxt["sweep"]:
+            nxt["sweep"] = now + self.conf.SWEEP_INTERVAL
+            self._maintenance("sweep", self.sweeper.run_once)
+        if self.scheduler.schedules and now >= nxt["schedule"]:
+            nxt["schedule"] = now + self.conf.SCHEDULE_INTERVAL
+            self._maintenance("scheduler", self.scheduler.run_once)
+        if self.conf.STATUS_INTERVAL and now >= nxt["status"]:
+            nxt["status"] = now + self.conf.STATUS_INTERVAL
+            self._last_counts = (
+                self._maintenance("status", self._status_line, self._last_counts)
+                or self._last_counts
+            )
 
     def _maintenance(self, what, func, *args):
         try:
             return func(*args)
         except DB_ERRORS as exc:
-            self.note_db_error()
-            reset_connection(self.using)
+            self._lost_connection()
             logger.warning("dbqueue %s failed, the database connection was lost (%s)", what, exc)
         except Exception:
-            reset_connection(self.using)
+            self._lost_connection()
             logger.exception("dbqueue %s failed; trying again at its next interval", what)
         return None
+
+    def _lost_connection(self):
+        self.session.reset()
+        reset_connection(self.using)
+        self._reconnected = True
+        self._claim_next = True  # notifications may have been missed meanwhile
+
+    def _recover(self):
+        """After a lost connection: hand back jobs this worker holds but never heard of (a claim
+        that committed while its reply was lost)."""
+        known = self.inflight.tokens() | {token for _, token in self.acks.pending_keys()}
+        released = store.release_unknown(self.session, worker=self.worker_id, known=known)
+        self._reconnected = False
+        if released:
+            logger.warning(
+                "dbqueue worker %s released %d jobs it held without knowing (a claim whose "
+                "reply was lost with the connection): %s",
+                self.worker_id,
+                len(released),
+                sorted(released),
+            )
+        return released
 
     def _status_line(self, last):
         """Print one summary line when anything happened since the last one."""
@@ -501,30 +488,61 @@ class Worker:
         if counts == last:
             return counts
         elapsed = max(1e-6, self.conf.STATUS_INTERVAL)
-        depth = store.count_due(self.using, self.queues)
+        depth = store.count_due(self.session, self.queues)
         self.out(
             f"dbqueue worker {self.worker_id}: {(counts[0] - last[0]) / elapsed:.1f} done/s, "
             f"{(counts[1] - last[1]) / elapsed:.1f} failed/s, {depth if depth < 10000 else '10000+'} "
-            f"due in {','.join(self.queues)}, {len(self._inflight)} in flight"
+            f"due in {','.join(self.queues)}, {len(self.inflight)} in flight"
         )
         return counts
 
-    def _release(self, entries):
-        held = [(e.ctx.id, e.ctx.attempt) for e in entries if not (e.timed_out or e.lost)]
+    # ---------------------------------------------------------------------------------------
+    # Shutdown
+    # ---------------------------------------------------------------------------------------
+    def _quiet_tick(self, wait):
+        """While shutting down: keep writing outcomes, renewing leases and watching timeouts."""
+        try:
+            if self._reconnected:
+                self.session.reset()
+                self._reconnected = False
+            self.acks.flush_once(self.session)
+            now = time.monotonic()
+            if now >= self._next.get("watch", 0):
+                self._next["watch"] = now + 1.0
+                self.heartbeat.check_timeouts()
+            if now >= self._next.get("beat", 0):
+                self.heartbeat.beat_once(self.session)
+                self._next["beat"] = now + self.conf.HEARTBEAT_INTERVAL
+        except DB_ERRORS as exc:
+            logger.warning(
+                "dbqueue worker %s: database lost while stopping (%s)", self.worker_id, exc
+            )
+            self.session.reset()
+        except OTHER_DB_ERRORS:
+            logger.exception("dbqueue worker %s: database error while stopping", self.worker_id)
+            self.session.reset()
+        self._wakeup.wait(wait)
+        self._wakeup.clear()
+
+    def _release(self, entries, why):
+        held = [e.key for e in entries]
         for attempt in range(5):
             try:
-                released = store.release(self.using, held, worker=self.worker_id)
+                # Outcomes first: a job that finished is written as finished, not handed back.
+                self.acks.flush_once(self.session)
+                released = store.release(self.session, held)
                 for entry in entries:
                     if entry.ctx.id in released:
                         logger.info(
-                            "dbqueue released job=%s type=%s attempt=%s",
+                            "dbqueue released job=%s type=%s attempt=%s (%s)",
                             entry.ctx.id,
                             entry.ctx.type,
                             entry.ctx.attempt,
+                            why,
                         )
                 return released
             except DB_ERRORS as exc:
-                reset_connection(self.using)
+                self.session.reset()
                 logger.warning("dbqueue could not release %d jobs (%s)", len(held), exc)
                 time.sleep(0.2 * (attempt + 1))
         return set()
@@ -532,62 +550,55 @@ class Worker:
     def _shutdown(self):
         """Stop: after a signal, release unstarted jobs and give running ones the grace period;
         after ``burst`` or ``max_jobs``, let everything claimed finish."""
+        if not hasattr(self, "_next"):
+            self._next = {}
         # A signal during this wait switches to the graceful stop below (grace, then release).
-        while not self._releasing:
-            with self._lock:
-                remaining = list(self._inflight.values())
-            if not remaining:
-                break
-            remaining[0].done.wait(0.1)
+        while not self._releasing and self.inflight.occupied():
+            self._quiet_tick(0.05)
         self.stopping.set()
-        grace = self.conf.SHUTDOWN_GRACE
-        # Jobs claimed but not started go back at once, in one statement.
-        queued = []
-        while self._releasing:
-            try:
-                entry = self._work.get_nowait()
-            except queue_module.Empty:
-                break
-            if entry is not None:
-                queued.append(entry)
-        if queued:
-            self._release(queued)
-            for entry in queued:
-                self._finish(entry)
-        # Jobs claimed but not started: the handler threads release them as they pick them up
-        # (stopping is set). Wait for running handlers up to the grace period.
-        deadline = time.monotonic() + grace
-        while True:
-            with self._lock:
-                remaining = list(self._inflight.values())
-            if not remaining or time.monotonic() >= deadline:
-                break
-            remaining[0].done.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        unstarted = self.inflight.release_unstarted()
+        if unstarted:
+            self._release(unstarted, "not started before the stop")
+            for entry in unstarted:
+                self.finished(entry)
+        deadline = time.monotonic() + self.conf.SHUTDOWN_GRACE
+        while self.inflight.occupied() and time.monotonic() < deadline:
+            self._quiet_tick(min(0.05, max(0.0, deadline - time.monotonic())))
+        remaining = self.inflight.release_all()
         if remaining:
             logger.warning(
                 "dbqueue worker %s: %d jobs still running after %gs grace; releasing them",
                 self.worker_id,
                 len(remaining),
-                grace,
+                self.conf.SHUTDOWN_GRACE,
             )
-            self._release(remaining)
-            for entry in remaining:
-                entry.lost = True  # their outcome, if they ever finish, is discarded
-        for _ in self._threads:
-            self._work.put(None)
-        self.acks.close(timeout=max(5.0, grace))
+            self._release(remaining, "still running after the grace period")
+        self.pool.stop(timeout=0.5)
+        # Whatever finished meanwhile: written, with retries through a lost connection.
+        deadline = time.monotonic() + max(5.0, self.conf.SHUTDOWN_GRACE)
+        while self.acks.pending() and time.monotonic() < deadline:
+            self._quiet_tick(0.05)
+        if self.acks.pending():
+            logger.error(
+                "dbqueue worker %s: %d outcomes could not be written before exiting; their "
+                "jobs will be swept and run again",
+                self.worker_id,
+                self.acks.pending(),
+            )
         self.stopped.set()
-        for thread in self._threads:
-            thread.join(0.5)
-        if self.listener is not None:
-            self.listener.join(1.0)
+        for helper in (self.listener, self.waker):
+            if helper is not None:
+                helper.join(1.0)
         self.session.close()
         connections[self.using].close()
         logger.info(
-            "dbqueue worker %s stopped: %d succeeded, %d retried, %d dead, %d fenced",
+            "dbqueue worker %s stopped: %d succeeded, %d retried, %d dead, %d fenced; "
+            "%d claims (%d empty)",
             self.worker_id,
             self.acks.succeeded,
             self.acks.failed,
             self.acks.dead,
             self.acks.fenced,
+            self.claims,
+            self.empty_claims,
         )

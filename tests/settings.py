@@ -27,6 +27,10 @@ DATABASES = {
 # Without DBQUEUE_TEST_DATABASE it is Django's default, "test_" + the database name.
 if env.str("DBQUEUE_TEST_DATABASE", default=""):
     DATABASES["default"]["TEST"] = {"NAME": env.str("DBQUEUE_TEST_DATABASE")}
+# Workers honour CONN_MAX_AGE between jobs, as Django does between requests: at Django's default
+# of 0 every job that touches the database would open a connection of its own. Persistent, as a
+# production worker's settings should have them (docs/deployment.md).
+DATABASES["default"]["CONN_MAX_AGE"] = None
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -18,7 +18,7 @@ def wait_idle(after_sql_time):
         lambda: (
             rows(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
-                "AND query LIKE '%%WITH candidates AS MATERIALIZED%%' AND query_start > %s",
+                "AND query LIKE '%%candidates AS MATERIALIZED%%' AND query_start > %s",
                 [database_name(), after_sql_time],
             )[0][0]
             == 1

@@ -75,22 +75,46 @@ def test_discard_goes_straight_to_dead(start_worker):
     assert row["attempts"] == 1 and row["errors"][0]["message"] == "payload is unusable"
 
 
-def test_a_type_with_no_handler_is_retried_then_dead_never_crashing(start_worker):
+def _insert_unknown_type(age_seconds):
     with connection.cursor() as cursor:
         cursor.execute(
             """INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
                max_attempts, lease_seconds, errors, created_at)
-               VALUES ('os.system', 'default', '{}', 'pending', 0, now(), 0, 2, 60, '[]', now())
-               RETURNING id"""
+               VALUES ('os.system', 'default', '{}', 'pending', 0, now(), 0, 2, 60, '[]',
+                       now() - %s * interval '1 second')
+               RETURNING id""",
+            [age_seconds],
         )
-        ghost = cursor.fetchone()[0]
+        return cursor.fetchone()[0]
+
+
+def test_a_young_job_of_unknown_type_waits_for_a_worker_that_knows_it(start_worker):
+    """A rolling deploy: new code enqueued a type this (old) worker does not have. It goes back
+    without spending an attempt, for a later claim, and the worker keeps working."""
+    ghost = _insert_unknown_type(0)
     worker = start_worker()
-    row = wait_state(ghost, "dead")
+    wait_until(lambda: job_row(ghost)["errors"], message="the deferral recorded")
+    row = job_row(ghost)
+    assert row["state"] == "pending" and row["attempts"] == 0
     assert row["errors"][0]["class"] == "LookupError"
     assert "no handler is registered for job type 'os.system'" in row["errors"][0]["message"]
+    delay = scalar(
+        "SELECT EXTRACT(EPOCH FROM run_after - now()) FROM dbqueue_job WHERE id = %s", [ghost]
+    )
+    assert 50 < delay <= 60  # UNKNOWN_TYPE_DELAY
     after = enqueue("noop")
     wait_state(after.id, "done")  # the worker is still working
-    assert worker.thread.is_alive()
+    assert worker.thread.is_alive() and worker.acks.deferred == 1
+
+
+def test_an_old_job_of_unknown_type_is_dead_at_once(start_worker):
+    """Older than UNKNOWN_TYPE_GRACE: not a deploy in progress but a removed handler."""
+    ghost = _insert_unknown_type(7200)
+    worker = start_worker()
+    row = wait_state(ghost, "dead")
+    assert row["attempts"] == 1 and len(row["errors"]) == 1
+    assert row["errors"][0]["class"] == "LookupError"
+    assert worker.thread.is_alive() and worker.acks.dead == 1
 
 
 def test_timeout_gives_the_run_up_and_retries(start_worker, settings):
@@ -285,19 +309,25 @@ def test_async_handlers_run_concurrently_with_sync_ones(start_worker):
         registry.unregister("sync-stamp")
 
 
-def test_a_result_json_cannot_store_is_a_failure_not_a_dead_thread(start_worker):
+def test_a_result_json_cannot_store_is_dead_at_once_not_retried(start_worker, tmp_path):
     from django_dbqueue import job, registry
 
-    @job("bad-result", max_attempts=1)
+    effects = tmp_path / "effects"
+
+    @job("bad-result", max_attempts=5)
     def bad_result(ctx):
         import datetime
 
+        with effects.open("a") as f:  # a side effect, done before the result is stored
+            f.write("x")
         return {"when": datetime.date(2026, 1, 1)}
 
     try:
         worker = start_worker(concurrency=1)
         bad = enqueue("bad-result")
         row = wait_state(bad.id, "dead")
+        # Deterministic and after the effects: not retried, so the effect happened once.
+        assert row["attempts"] == 1 and effects.read_text() == "x"
         assert row["errors"][0]["class"] == "django_dbqueue.outcomes.ResultError"
         assert 'result["when"] is a datetime.date' in row["errors"][0]["message"]
         after = enqueue("noop")  # the only handler thread is still alive
@@ -351,7 +381,7 @@ def test_sweeper_sends_job_dead_for_an_expired_last_attempt():
     signals.job_dead.connect(lambda sender, **kw: seen.append(kw), weak=False, dispatch_uid="swept")
     try:
         job = enqueue("noop", max_attempts=1)
-        store.claim("default", worker_id="w", queues=["default"], limits=[1], limit=1)
+        store.claim("default", worker_id="w", queues=["default"], limits=[1], limit=1, token=1)
         with connection.cursor() as cursor:
             cursor.execute("UPDATE dbqueue_job SET leased_until = now() - interval '1 second'")
         Sweeper().rescue()
@@ -408,23 +438,38 @@ def test_fixed_prefetch_setting_is_not_adapted(fast_settings):
     assert worker.prefetch == worker.prefetch_max == 1
 
 
-def test_worker_session_is_prepared_and_async_commit(fast_settings):
+def test_worker_session_is_prepared_and_commits_asynchronously_per_statement(fast_settings):
+    from django_dbqueue import sql
     from django_dbqueue.connections import Session
 
     session = Session("default")
     try:
-        assert session.execute("SHOW synchronous_commit", {}) == [("off",)]
+        # Durable as a session: only the hot statements ask for an asynchronous commit, for
+        # their own transaction, so nothing leaks to a pooler's other clients.
+        assert session.execute("SHOW synchronous_commit", {}) == [("on",)]
         assert session.execute("SHOW plan_cache_mode", {}) == [("force_custom_plan",)]
-        session.execute("SELECT %(x)s::int", {"x": 1})
+        probe = (
+            "WITH commit_mode AS MATERIALIZED (SELECT set_config('synchronous_commit', "
+            "COALESCE(%(commit)s, current_setting('synchronous_commit')), true)) "
+            "SELECT current_setting('synchronous_commit') FROM commit_mode"
+        )
+        assert session.execute(probe, {"commit": "off"}) == [("off",)]
+        assert session.execute(probe, {"commit": None}) == [("on",)]
+        assert session.execute("SHOW synchronous_commit", {}) == [("on",)]
         prepared = session.execute("SELECT count(*) FROM pg_prepared_statements", {})[0][0]
         assert prepared >= 1
     finally:
         session.close()
-    durable = Session("default", prepare=False, async_commit=False)
+    for statement in (sql.CLAIM_JOBS, sql.COMPLETE_JOBS, sql.EXTEND_LEASES):
+        assert "set_config('synchronous_commit'" in statement
+    for statement in (sql.FAIL_JOB, sql.RELEASE_JOBS, sql.RESCUE_EXPIRED, sql.DEFER_UNKNOWN_TYPE):
+        assert "synchronous_commit" not in statement  # failures and releases stay durable
+    unprepared = Session("default", prepare=False)
     try:
-        assert durable.execute("SHOW synchronous_commit", {}) == [("on",)]
+        unprepared.execute("SELECT %(x)s::int", {"x": 1})
+        assert unprepared.execute("SELECT count(*) FROM pg_prepared_statements", {}) == [(0,)]
     finally:
-        durable.close()
+        unprepared.close()
 
 
 def test_a_completion_the_database_refuses_does_not_hold_back_the_others(start_worker, caplog):

@@ -97,3 +97,19 @@ def slow_record(ctx):
 
 
 from . import delivery_jobs  # noqa: E402, F401 - registers the delivery job types
+
+
+@job("hang", timeout=1.0, max_attempts=2)
+def hang(ctx):
+    """Hang far past its timeout (a stuck socket read, a deadlock): the worker must give it up,
+    and keep running everything else. Bounded only so a leaked process cannot live forever."""
+    deadline = time.monotonic() + ctx.payload.get("seconds", 600)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@job("async-hang", timeout=0.5, max_attempts=1)
+async def async_hang(ctx):
+    import asyncio
+
+    await asyncio.sleep(ctx.payload.get("seconds", 600))

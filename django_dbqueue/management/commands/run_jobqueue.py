@@ -28,6 +28,12 @@ class Command(BaseCommand):
             type=positive_seconds,
             help="Seconds between polls when idle.",
         )
+        parser.add_argument(
+            "--execution",
+            choices=["thread", "process"],
+            help="Run handlers in threads, or in child processes that are killed at a job's "
+            "timeout (default: DBQUEUE['EXECUTION']).",
+        )
         parser.add_argument("--burst", action="store_true", help="Run what is due now, then exit.")
         parser.add_argument(
             "--max-jobs",
@@ -59,13 +65,14 @@ class Command(BaseCommand):
             "poll_interval": options["poll_interval"],
             "burst": options["burst"],
             "max_jobs": options["max_jobs"],
+            "execution": options["execution"] or conf.EXECUTION,
         }
         settings_dict = connections[using].settings_dict
         where = f"{settings_dict.get('NAME')}@{settings_dict.get('HOST') or 'local socket'}"
         self.stdout.write(
             f"dbqueue starting: queues={','.join(queues)} concurrency={worker_kwargs['concurrency']} "
-            f"processes={options['processes']} database={using} ({where})"
-            + (" burst" if options["burst"] else "")
+            f"processes={options['processes']} execution={worker_kwargs['execution']} "
+            f"database={using} ({where})" + (" burst" if options["burst"] else "")
         )
         out = lambda line: self.stdout.write(line)  # noqa: E731
         if options["processes"] > 1:

@@ -1,0 +1,452 @@
+"""The handler pool: runs claimed jobs' handlers, in threads or in child processes.
+
+``run_handler()`` is one run of one handler, the same in both modes: sync, async (with its
+timeout really cancelling it) or atomic (its writes and its completion commit together, fenced by
+the lease token); it returns an ``Outcome`` and never raises.
+
+``ThreadPool`` (``EXECUTION = "thread"``, the default) runs handlers on ``concurrency`` threads.
+A thread cannot be stopped: when a run passes its timeout, the watchdog records the attempt as
+failed and the pool starts a replacement thread, so jobs waiting behind the hung one still run.
+Past ``HUNG_THREAD_LIMIT`` replacements the worker stops claiming, hands back what it has not
+started and exits non-zero, so that its supervisor restarts it.
+
+``ProcessPool`` (``EXECUTION = "process"``) runs each slot's handlers in a child process of its
+own. A run past its timeout is ended for real: the child is killed and replaced. That is the
+hard time limit; it costs a process per slot and a pipe round trip per job.
+"""
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import multiprocessing
+import os
+import queue as queue_module
+import select
+import signal
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from django.db import DatabaseError, close_old_connections, connections, transaction
+
+from . import registry, store
+from .connections import close_side_connections, discard_connection
+from .context import JobContext
+from .exceptions import DiscardJob, RetryJob
+from .outcomes import ResultError, clamp_delay, encode_result, error_record
+
+logger = logging.getLogger("django_dbqueue")
+
+
+@dataclass
+class Outcome:
+    """What one run came to. ``kind``: success, committed (an atomic run wrote its own
+    completion), fenced (an atomic run lost its lease and rolled back), retry, dead, unknown
+    (no handler for the type on this worker), or crashed (a child process died under it)."""
+
+    kind: str
+    result: str | None = None
+    error: dict | None = None
+    delay: float = 0.0
+
+
+class _FencedOut(Exception):
+    """An atomic handler's completion matched no row: roll its writes back."""
+
+
+def retry_delay(job_type, attempt, conf):
+    try:
+        return clamp_delay(registry.retry_delay(job_type, attempt, conf))
+    except Exception:  # a broken backoff callable must not lose the failure
+        logger.exception(
+            "dbqueue: the backoff of job type %r failed; retrying in 60s",
+            getattr(job_type, "name", "?"),
+        )
+        return 60.0
+
+
+def _call(job_type, ctx, loop, timeout):
+    if not job_type.is_async:
+        return job_type.func(ctx)
+    coroutine = job_type.func(ctx)
+    if timeout:
+        coroutine = asyncio.wait_for(coroutine, timeout)
+    try:
+        return loop.run_until_complete(coroutine)
+    except TimeoutError:
+        raise TimeoutError(
+            f"job ran longer than its timeout of {timeout:g}s; the coroutine was cancelled"
+        ) from None
+
+
+def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: False):
+    """Run ``ctx``'s handler once; returns an :class:`Outcome`. Never raises."""
+    job_type = registry.get(ctx.type)
+
+    def failure(exc, **kwargs):
+        return Outcome(error=error_record(exc, attempt=ctx.attempt, worker_id=worker_id), **kwargs)
+
+    if job_type is None:
+        exc = LookupError(
+            f"no handler is registered for job type {ctx.type!r} on worker {worker_id} "
+            "(was its @job removed or renamed, or is this worker older than the code that "
+            "enqueued it?)"
+        )
+        return failure(exc, kind="unknown")
+    try:
+        if job_type.atomic:
+            with transaction.atomic(using=ctx.using):
+                result_json = encode_result(_call(job_type, ctx, loop, job_type.timeout))
+                if given_up() or not store.complete(ctx.using, [(ctx.id, token, result_json)]):
+                    raise _FencedOut
+            return Outcome("committed")
+        result = _call(job_type, ctx, loop, job_type.timeout)
+        return Outcome("success", result=encode_result(result))
+    except _FencedOut:
+        return Outcome("fenced")
+    except ResultError as exc:
+        # Deterministic, and found after the handler's effects: running it again would repeat
+        # them and fail the same way. Dead at once, with the reason.
+        return failure(exc, kind="dead")
+    except RetryJob as exc:
+        return failure(exc, kind="retry", delay=clamp_delay(exc.delay))
+    except DiscardJob as exc:
+        return failure(exc, kind="dead")
+    except BaseException as exc:
+        # Exception, but also SystemExit from a handler's sys.exit(), an async handler's
+        # CancelledError or a KeyboardInterrupt raised into this thread: the job failed, the
+        # thread lives on.
+        return failure(exc, kind="retry", delay=retry_delay(job_type, ctx.attempt, conf))
+
+
+def _has_input(connection):
+    """True when an idle connection's socket has something to read: between queries that is a
+    server gone (terminated, restarted) or a notice. Costs no round trip."""
+    try:
+        fileno = connection.connection.fileno()
+        return bool(select.select([fileno], [], [], 0)[0])
+    except (OSError, ValueError, AttributeError, DatabaseError):
+        return True
+
+
+class _Connections:
+    """Connection hygiene of one handler thread (or child process) between jobs."""
+
+    def before(self):
+        # Django's own per-request rule: CONN_MAX_AGE and CONN_HEALTH_CHECKS are honoured.
+        close_old_connections()
+        # A kept connection whose server went away while it was idle (restart, a terminated
+        # backend, an idle timeout) has already said so on its socket: check those, and only
+        # those, so that the next job does not fail its attempt on a dead connection.
+        for connection in connections.all(initialized_only=True):
+            if (
+                connection.connection is not None
+                and _has_input(connection)
+                and not connection.is_usable()
+            ):
+                connection.close()
+
+    def after(self):
+        # A handler that broke its connection must not pass the breakage to the next job.
+        for connection in connections.all(initialized_only=True):
+            if connection.connection is not None and connection.errors_occurred:
+                if connection.is_usable():
+                    connection.errors_occurred = False
+                else:
+                    connection.close()
+            if connection.in_atomic_block or (
+                connection.connection is not None and not connection.get_autocommit()
+            ):
+                logger.error(
+                    "dbqueue: a handler left a transaction open on %r; rolling it back",
+                    connection.alias,
+                )
+                discard_connection(connection)
+
+
+class ThreadPool:
+    """``size`` handler threads fed from one local queue; hung threads are replaced."""
+
+    def __init__(self, worker, size, *, hung_limit):
+        self.worker = worker
+        self.size = size
+        self.hung_limit = hung_limit
+        self.hung = 0  # threads given up on (a run past its timeout still holds them)
+        self._work = queue_module.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._serial = 0
+
+    def start(self):
+        for _ in range(self.size):
+            self._spawn()
+
+    def _spawn(self):
+        self._serial += 1
+        thread = threading.Thread(
+            target=self._thread_main, name=f"dbqueue-handler-{self._serial}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
+
+    def submit(self, entries):
+        for entry in entries:
+            self._work.put(entry)
+
+    def abandon(self, entry):
+        """The watchdog gave up ``entry``'s run: replace its thread, up to the limit."""
+        self.hung += 1
+        if self.hung > self.hung_limit:
+            self.worker.fatal(
+                f"{self.hung} handler threads are stuck in runs past their timeout (more than "
+                f"HUNG_THREAD_LIMIT={self.hung_limit}); exiting so that the supervisor starts "
+                "a fresh process"
+            )
+            return
+        logger.warning(
+            "dbqueue: handler thread stuck in job=%s type=%s past its timeout; starting a "
+            "replacement (%d of at most %d)",
+            entry.ctx.id,
+            entry.ctx.type,
+            self.hung,
+            self.hung_limit,
+        )
+        self._spawn()
+
+    def stop(self, timeout):
+        for _ in self._threads:
+            self._work.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _thread_main(self):
+        worker = self.worker
+        hygiene = _Connections()
+        loop = None
+        try:
+            while True:
+                try:
+                    entry = self._work.get_nowait()
+                except queue_module.Empty:
+                    worker._starved += 1  # threads outran the claims: prefetch more
+                    entry = self._work.get()
+                if entry is None:
+                    return
+                if not worker.inflight.start(entry):
+                    worker.finished(entry)  # lost or handed back before it started
+                    continue
+                job_type = registry.get(entry.ctx.type)
+                if loop is None and job_type is not None and job_type.is_async:
+                    loop = asyncio.new_event_loop()
+                try:
+                    hygiene.before()
+                    outcome = run_handler(
+                        entry.ctx,
+                        entry.token,
+                        conf=worker.conf,
+                        worker_id=worker.worker_id,
+                        loop=loop,
+                        given_up=lambda e=entry: e.given_up,
+                    )
+                    worker.settle(entry, outcome)
+                except Exception:  # a bug of ours: log it, keep the thread alive
+                    logger.exception("dbqueue: internal error running job=%s", entry.ctx.id)
+                finally:
+                    with contextlib.suppress(Exception):
+                        hygiene.after()
+                    worker.finished(entry)
+                if entry.timed_out:
+                    return  # a replacement took this thread's place while it was stuck
+        finally:
+            if loop is not None:
+                loop.close()
+            close_side_connections()
+            connections.close_all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Process mode
+# ---------------------------------------------------------------------------------------------
+
+
+def _row_to_json(ctx, token):
+    return json.dumps(
+        {
+            "token": token,
+            "id": ctx.id,
+            "type": ctx.type,
+            "queue": ctx.queue,
+            "payload_json": json.dumps(ctx.payload),
+            "attempt": ctx.attempt,
+            "max_attempts": ctx.max_attempts,
+            "lease_seconds": ctx.lease_seconds,
+            "idempotency_key": ctx.idempotency_key,
+            "priority": ctx.priority,
+            "created_at": ctx.enqueued_at.isoformat() if ctx.enqueued_at else None,
+        }
+    ).encode()
+
+
+def _child_main(conn, worker_id, parent_pid):
+    """A handler process: set Django up, then run the jobs the parent sends, one at a time."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import django
+
+    django.setup()
+
+    from .apps import DBQueueConfig
+    from .conf import get_settings
+    from .store import ClaimedRow
+
+    if DBQueueConfig._uses_tasks_backend():
+        from .tasks import discover_tasks
+
+        discover_tasks()
+
+    def orphan_guard():  # a parent killed with SIGKILL cannot stop a hung child: it stops itself
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=orphan_guard, daemon=True).start()
+    conf = get_settings()
+    hygiene = _Connections()
+    loop = asyncio.new_event_loop()
+    while True:
+        try:
+            message = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)
+        token = message.pop("token")
+        created = message.pop("created_at")
+        message["created_at"] = datetime.datetime.fromisoformat(created) if created else None
+        ctx = JobContext(
+            ClaimedRow(**message),
+            worker_id=worker_id,
+            using=conf.DATABASE,
+        )
+        hygiene.before()
+        outcome = run_handler(ctx, token, conf=conf, worker_id=worker_id, loop=loop)
+        with contextlib.suppress(Exception):
+            hygiene.after()
+        try:
+            conn.send_bytes(json.dumps(asdict(outcome)).encode())
+        except (BrokenPipeError, OSError):
+            os._exit(0)
+
+
+class _Child:
+    def __init__(self, context, worker_id):
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(
+            target=_child_main,
+            args=(child_conn, worker_id, os.getpid()),
+            name="dbqueue-handler-process",
+            daemon=True,
+        )
+        self.process.start()
+        child_conn.close()
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError, AttributeError, ValueError):
+            self.process.kill()
+        self.process.join(5)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+
+class ProcessPool(ThreadPool):
+    """One child process per slot; a run past its timeout is killed with its process."""
+
+    def __init__(self, worker, size, *, hung_limit):
+        super().__init__(worker, size, hung_limit=hung_limit)
+        # spawn, not fork: forking a process that runs threads can copy a lock held mid-update.
+        self.context = multiprocessing.get_context("spawn")
+        self._children: dict[int, _Child] = {}  # id(entry) -> the child running it
+        self._lock = threading.Lock()
+        self.replaced = 0
+
+    def abandon(self, entry):
+        """The watchdog gave up ``entry``'s run: kill the child running it."""
+        with self._lock:
+            child = self._children.get(id(entry))
+        if child is not None:
+            logger.warning(
+                "dbqueue: killing the handler process (pid %s) of job=%s type=%s: past its timeout",
+                child.process.pid,
+                entry.ctx.id,
+                entry.ctx.type,
+            )
+            child.kill()
+
+    def stop(self, timeout):
+        super().stop(timeout)
+
+    def _thread_main(self):
+        worker = self.worker
+        child = None
+        try:
+            while True:
+                entry = self._work.get()
+                if entry is None:
+                    return
+                if not worker.inflight.start(entry):
+                    worker.finished(entry)
+                    continue
+                try:
+                    if child is None or not child.process.is_alive():
+                        child = _Child(self.context, worker.worker_id)
+                    outcome = self._run_in(child, entry)
+                    if outcome is None:  # the child died: killed at the timeout, or crashed
+                        code = child.process.exitcode
+                        child.kill()
+                        child = None
+                        self.replaced += 1
+                        if entry.timed_out:
+                            continue  # the watchdog recorded this attempt already
+                        exc = RuntimeError(
+                            f"the handler process died while running the job (exit code {code})"
+                        )
+                        job_type = registry.get(entry.ctx.type)
+                        outcome = Outcome(
+                            "retry",
+                            error=error_record(
+                                exc, attempt=entry.ctx.attempt, worker_id=worker.worker_id
+                            ),
+                            delay=retry_delay(job_type, entry.ctx.attempt, worker.conf),
+                        )
+                    worker.settle(entry, outcome)
+                except Exception:
+                    logger.exception("dbqueue: internal error running job=%s", entry.ctx.id)
+                finally:
+                    worker.finished(entry)
+        finally:
+            if child is not None:
+                child.kill()
+
+    def _run_in(self, child, entry):
+        with self._lock:
+            self._children[id(entry)] = child
+        try:
+            child.conn.send_bytes(_row_to_json(entry.ctx, entry.token))
+            while True:
+                # Wake now and then: a stop after the grace period kills the children.
+                if child.conn.poll(0.5):
+                    return Outcome(**json.loads(child.conn.recv_bytes()))
+                if not child.process.is_alive():
+                    return None
+        except (EOFError, OSError):
+            return None
+        finally:
+            with self._lock:
+                self._children.pop(id(entry), None)
+
+
+def make_pool(worker, mode, size, *, hung_limit):
+    if mode == "process":
+        return ProcessPool(worker, size, hung_limit=hung_limit)
+    return ThreadPool(worker, size, hung_limit=hung_limit)

@@ -1,0 +1,137 @@
+"""What a worker holds: the jobs it claimed and has not finished, behind one lock.
+
+The claim loop adds entries, the handler pool starts and finishes them, the heartbeat extends the
+leases of those still held and marks the ones it lost, the watchdog gives up runs past their
+timeout, and shutdown releases what is left. Each of them goes through the narrow methods here;
+none touches the table or its lock directly.
+"""
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Entry:
+    """One claimed job. ``token`` is the claim's lease token: the fence of every write about it."""
+
+    ctx: object
+    token: int
+    timeout: float | None
+    started: float | None = None  # time.monotonic() when a handler took it
+    timed_out: bool = False  # given up by the watchdog: its outcome is discarded
+    lost: bool = False  # the lease went to someone else: never start it, discard its outcome
+    released: bool = False  # handed back at shutdown
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def given_up(self):
+        """This worker no longer speaks for the job: nothing it does about it is written."""
+        return self.timed_out or self.lost or self.released
+
+    @property
+    def key(self):
+        return (self.ctx.id, self.token)
+
+
+class Inflight:
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries: dict[tuple[int, int], Entry] = {}
+
+    def add(self, entries):
+        with self._lock:
+            for entry in entries:
+                self._entries[entry.key] = entry
+
+    def remove(self, entry):
+        """Forget ``entry``; returns how many entries still occupy a slot."""
+        with self._lock:
+            self._entries.pop(entry.key, None)
+            return self._occupied()
+
+    def _occupied(self):
+        # A run the watchdog gave up on keeps its (hung) thread, but the pool replaced that
+        # thread, so it no longer takes a slot.
+        return sum(1 for e in self._entries.values() if not e.timed_out)
+
+    def occupied(self):
+        with self._lock:
+            return self._occupied()
+
+    def __len__(self):
+        with self._lock:
+            return len(self._entries)
+
+    def by_queue(self):
+        """``{queue: slots occupied}``, for the per-queue caps of the claim."""
+        counts = {}
+        with self._lock:
+            for entry in self._entries.values():
+                if not entry.timed_out:
+                    counts[entry.ctx.queue] = counts.get(entry.ctx.queue, 0) + 1
+        return counts
+
+    def held(self):
+        """Entries whose lease this worker still holds (not given up)."""
+        with self._lock:
+            return [e for e in self._entries.values() if not e.given_up]
+
+    def tokens(self):
+        """Every lease token this worker knows of, given up or not."""
+        with self._lock:
+            return {e.token for e in self._entries.values()}
+
+    def snapshot(self):
+        with self._lock:
+            return list(self._entries.values())
+
+    def mark_lost(self, entries):
+        """Mark ``entries`` lost unless they finished meanwhile; returns those really lost."""
+        lost = []
+        with self._lock:
+            for entry in entries:
+                if entry.key in self._entries and not entry.given_up:
+                    entry.lost = True
+                    lost.append(entry)
+        return lost
+
+    def expire(self, now=None):
+        """Give up the started runs past their timeout; returns them (now marked ``timed_out``)."""
+        now = time.monotonic() if now is None else now
+        expired = []
+        with self._lock:
+            for entry in self._entries.values():
+                if (
+                    entry.timeout
+                    and entry.started is not None
+                    and not entry.given_up
+                    and now - entry.started > entry.timeout
+                ):
+                    entry.timed_out = True
+                    expired.append(entry)
+        return expired
+
+    def start(self, entry):
+        """A handler takes ``entry``. Returns False when it must not run (lost or released)."""
+        with self._lock:
+            if entry.given_up:
+                return False
+            entry.started = time.monotonic()
+            return True
+
+    def release_unstarted(self):
+        """Mark every entry not started yet as released; returns them."""
+        with self._lock:
+            entries = [e for e in self._entries.values() if e.started is None and not e.given_up]
+            for entry in entries:
+                entry.released = True
+        return entries
+
+    def release_all(self):
+        """Mark every entry still held as released (after the shutdown grace); returns them."""
+        with self._lock:
+            entries = [e for e in self._entries.values() if not e.given_up]
+            for entry in entries:
+                entry.released = True
+        return entries

@@ -1,0 +1,111 @@
+"""Handlers that hang forever, helper threads that die, connections killed between jobs: with
+real ``run_jobqueue`` processes, in both execution modes."""
+
+import json
+
+import pytest
+
+from django_dbqueue import enqueue
+from tests.acceptance.helpers import (
+    effects,
+    enqueue_jobs,
+    rows,
+    states,
+    terminate_backends,
+    wait_all_in_state,
+)
+from tests.acceptance.settings_fast import FAST_DBQUEUE
+from tests.utils import wait_until
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+FAST = "tests.acceptance.settings_fast"
+
+
+@pytest.fixture(autouse=True)
+def fast_leases(settings):
+    settings.DBQUEUE = FAST_DBQUEUE  # leases are fixed at enqueue time
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_fleet_where_some_jobs_hang_forever_still_runs_every_other_job(start_worker, mode):
+    """4 jobs hang on every attempt (timeout 1 s, 2 attempts: 8 hung runs); 2 worker processes
+    with 2 slots each. Every ordinary job runs, exactly once; the hanging ones end dead."""
+    hanging = enqueue_jobs("hang", 4)
+    ordinary = enqueue_jobs("record", 150)
+    supervisor = start_worker(
+        "--processes", "2", "--concurrency", "2", "--execution", mode, settings=FAST
+    )
+    wait_all_in_state(ordinary, "done", timeout=120)
+    wait_all_in_state(hanging, "dead", timeout=60)
+    ran = [job_id for job_id, *_ in effects(ordinary)]
+    assert sorted(ran) == sorted(ordinary), "every ordinary job ran exactly once"
+    for (errors,) in rows("SELECT errors::text FROM dbqueue_job WHERE id = ANY(%s)", [hanging]):
+        errors = json.loads(errors)
+        assert [e["class"] for e in errors] == ["TimeoutError", "TimeoutError"]
+        assert "timeout of 1s" in errors[0]["message"]
+        assert "last attempt" in errors[1]["message"]
+    output = supervisor.stdout()
+    if mode == "thread":
+        # 8 hung runs on 2 processes allowed 2 replacement threads each: at least one process
+        # passed its bound, exited non-zero and was restarted by the supervisor.
+        assert "exited with code 3; restarting" in output, supervisor.output()
+    else:
+        # Hard time limit: the stuck child process was killed, its slot never lost.
+        assert "exited with code" not in output, supervisor.output()
+        assert "killing the handler process" in supervisor.stderr()
+    supervisor.assert_alive()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_jobs_waiting_behind_a_hung_one_are_not_held_hostage(start_worker, mode):
+    """Concurrency 1, one job hangs, three wait behind it (claimed in the same batch): they run
+    once the hung run is given up, and ``--burst`` still ends."""
+    hung = enqueue("hang", max_attempts=1).id
+    waiting = enqueue_jobs("record", 3)
+    worker = start_worker("--concurrency", "1", "--burst", "--execution", mode, settings=FAST)
+    wait_all_in_state(waiting, "done", timeout=30)
+    assert worker.wait_exit(60) == 0, worker.output()
+    assert states([hung])["dead"] == 1  # given up at its timeout, its only attempt
+    assert len(effects(waiting)) == 3
+
+
+def test_past_the_hung_thread_limit_the_worker_exits_non_zero(start_worker, settings):
+    """With HUNG_THREAD_LIMIT at the concurrency (1), the second hung run makes the worker give
+    up: it hands back what it has not started and exits 3 for its supervisor to restart it."""
+    hanging = enqueue_jobs("hang", 2)
+    worker = start_worker("--concurrency", "1", settings=FAST)
+    assert worker.wait_exit(60) == 3, worker.output()
+    assert "giving up" in worker.stderr() and "HUNG_THREAD_LIMIT" in worker.stderr()
+    # Nothing stays running under the dead worker: given up runs were recorded as failed.
+    assert states(hanging)["running"] == 0
+
+
+def test_a_listener_thread_that_dies_stops_the_worker_non_zero(start_worker):
+    (job_id,) = enqueue_jobs("record", 1)
+    worker = start_worker(settings="tests.acceptance.settings_broken_listener")
+    assert worker.wait_exit(30) == 3, worker.output()
+    assert "the listener thread crashed" in worker.stderr()
+    assert states([job_id])["running"] == 0  # nothing left behind under a lease
+
+
+def test_a_handler_connection_killed_between_jobs_does_not_fail_the_next_job(start_worker):
+    worker = start_worker(
+        "--concurrency", "1", settings="tests.acceptance.settings_kept_connections"
+    )
+    (first,) = enqueue_jobs("record", 1)
+    wait_all_in_state([first], "done", timeout=30)
+    # Kill every session of the worker: its handler thread's kept connection among them.
+    killed = terminate_backends()
+    assert killed
+    wait_until(
+        lambda: not rows("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [list(killed)]),
+        message="the killed sessions gone",
+    )
+    second = enqueue_jobs("record", 3)
+    wait_all_in_state(second, "done", timeout=30)
+    attempts = rows(
+        "SELECT attempts, jsonb_array_length(errors) FROM dbqueue_job WHERE id = ANY(%s)", [second]
+    )
+    assert all(a == 1 and not errors for a, errors in attempts), attempts
+    worker.assert_alive()
