@@ -201,11 +201,15 @@ def status(using, queues=()):
     return result
 
 
+def ensure_schedule(using, name):
+    """Give a new schedule entry its row, starting from now (nothing if it has one)."""
+    _execute_no_rows(using, sql.ENSURE_SCHEDULE, {"name": name})
+
+
 def lock_schedule(using, name):
     """Inside a transaction: ``(last_tick, now)`` of a schedule entry, or ``None`` when another
-    worker holds it."""
+    worker holds it (or it has no row)."""
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.ENSURE_SCHEDULE, {"name": name})
         cursor.execute(sql.LOCK_SCHEDULE, {"name": name})
         return cursor.fetchone()
 

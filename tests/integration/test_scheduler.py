@@ -121,7 +121,7 @@ def test_three_schedulers_racing_make_exactly_one_job_per_tick(settings):
         ({"every": 60, "type": "nope"}, "dbqueue.E007", "names job type 'nope'"),
         ({"cron": "61 * * * *", "type": "noop"}, "dbqueue.E008", "not a valid cron expression"),
         ({"type": "noop"}, "dbqueue.E008", "exactly one of 'cron'"),
-        ({"every": 0.5, "type": "noop"}, "dbqueue.E008", "seconds >= 1"),
+        ({"every": 0.5, "type": "noop"}, "dbqueue.E008", "must be at least 1 second, got 0.5"),
         (
             {"every": 60, "type": "noop", "queue": "nope"},
             "dbqueue.E010",
