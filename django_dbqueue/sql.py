@@ -336,6 +336,14 @@ SELECT s.name, s.last_tick, n.now
 FROM (SELECT now() AS now) AS n LEFT JOIN dbqueue_schedule AS s ON true
 """
 
+# Schema -------------------------------------------------------------------------------------------
+
+# Which of the package's tables the database lacks (never migrated, or migrated elsewhere):
+# to_regclass() is NULL for a name that resolves to no relation on the search path.
+MISSING_TABLES = """
+SELECT name FROM unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL
+"""
+
 # django.tasks ------------------------------------------------------------------------------------
 
 # A task's result is its job row; the type check keeps a result id from reading other jobs.

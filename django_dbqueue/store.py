@@ -224,6 +224,11 @@ def schedule_state(using):
     return {name: last for name, last, _ in rows if name is not None}, rows[0][2]
 
 
+def missing_tables(using, tables):
+    """Those of ``tables`` that do not exist in database ``using``."""
+    return [row[0] for row in _execute(using, sql.MISSING_TABLES, {"tables": list(tables)})]
+
+
 def task_result_row(using, job_id, job_type):
     rows = _execute(using, sql.SELECT_TASK_RESULT, {"id": job_id, "type": job_type})
     return rows[0] if rows else None
