@@ -227,6 +227,14 @@ WHERE key = %(key)s AND state = 'recorded'
 RETURNING id
 """
 
+# A person settles unconfirmed deliveries from the admin: only 'recorded' rows move, so a record
+# that its job settled meanwhile keeps the job's word.
+SETTLE_DELIVERIES_BY_ID = """
+UPDATE dbqueue_delivery SET state = %(state)s, error = %(error)s, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'recorded'
+RETURNING id
+"""
+
 # Operator actions -------------------------------------------------------------------------------
 # Each takes explicit ids and moves only the rows whose state allows it; the caller reports how
 # many moved and how many were left alone. Requeue and run-now notify the workers.

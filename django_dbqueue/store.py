@@ -7,11 +7,13 @@ they take part in the caller's transaction.
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 
 from django.db import connections
 
 from . import sql
+from .connections import DB_ERRORS, reset_connection, side_execute
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -227,6 +229,70 @@ def schedule_state(using):
 def missing_tables(using, tables):
     """Those of ``tables`` that do not exist in database ``using``."""
     return [row[0] for row in _execute(using, sql.MISSING_TABLES, {"tables": list(tables)})]
+
+
+# Delivery records: on a connection that commits on its own (see connections.side_execute). ------
+
+SETTLE_RETRIES = 3  # tries of a settle that met a lost connection
+
+
+def begin_delivery(using, *, key, job_id, attempt):
+    """Record (or re-record a failed) delivery; True when this caller now holds it."""
+    params = {"key": key, "job_id": job_id, "attempt": attempt}
+    return bool(side_execute(using, sql.BEGIN_DELIVERY, params))
+
+
+def delivery(using, key):
+    """``(id, state, provider_reference, error, job_id, attempt, created_at, updated_at)`` of the
+    delivery ``key``, or ``None``."""
+    rows = side_execute(using, sql.SELECT_DELIVERY, {"key": key})
+    return rows[0] if rows else None
+
+
+def settle_delivery(using, *, key, state, reference, error, holder, job_id, attempt):
+    """Move a ``recorded`` delivery to ``state``; True if it moved.
+
+    The effect has already happened when this runs, so a lost connection must not leave the
+    record ``recorded`` (an unknown outcome that needs a person): reconnect and try again. That
+    is safe because the statement is fenced (only a ``recorded`` row, and for a ``holder`` only
+    its own job and attempt, moves); a first try that committed but lost its reply makes the
+    retry match nothing, which the caller tells apart by reading the row back.
+    """
+    params = {
+        "key": key,
+        "state": state,
+        "reference": reference,
+        "error": error,
+        "holder": holder,
+        "job_id": job_id,
+        "attempt": attempt,
+    }
+    for tries in range(1, SETTLE_RETRIES + 1):
+        try:
+            return bool(side_execute(using, sql.SETTLE_DELIVERY, params))
+        except DB_ERRORS:
+            if tries == SETTLE_RETRIES:
+                raise
+            logger.warning(
+                "dbqueue delivery %r: connection lost while settling it %s; reconnecting "
+                "(try %d of %d)",
+                key,
+                state,
+                tries + 1,
+                SETTLE_RETRIES,
+            )
+            if not connections[using].in_atomic_block:
+                reset_connection(using)  # the side path drops its own connection itself
+            time.sleep(0.05 * tries)  # a short backoff before reconnecting, not a wait
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def settle_deliveries(using, ids, *, state, error):
+    """A person settles ``recorded`` deliveries by id; returns the number moved."""
+    rows = _execute(
+        using, sql.SETTLE_DELIVERIES_BY_ID, {"ids": list(ids), "state": state, "error": error}
+    )
+    return len(rows)
 
 
 def task_result_row(using, job_id, job_type):
