@@ -91,6 +91,7 @@ def test_e006_type_queue_not_configured(settings):
     assert [i for i, _, _ in found] == ["dbqueue.E006"] and "'email'" in found[0][1]
 
 
+@pytest.mark.django_db  # on Django 6.1, --tag also selects the database check W003
 def test_manage_py_check_fails_on_bad_settings(settings):
     settings.DBQUEUE = {"QUEUES": {"default": {}, "emails": {}}, "LEASE": "long"}
     with pytest.raises(SystemCheckError, match=r"dbqueue.E003"):
