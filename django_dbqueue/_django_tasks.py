@@ -67,7 +67,12 @@ class DBQueueBackend(BaseTaskBackend):
             from django.tasks.exceptions import InvalidTask
 
             raise InvalidTask(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-        _known_tasks[task.module_path] = task
+        known = _known_tasks.get(task.module_path)
+        # ``task.using(queue_name=..., priority=...)`` is a copy sharing the function: the task
+        # as defined stays the known one (each row applies its own queue and priority to it).
+        # A new function under the same path (a module reloaded) replaces it.
+        if known is None or known.func is not task.func:
+            _known_tasks[task.module_path] = task
 
     def enqueue(self, task, args, kwargs):
         """Insert the task as a job, in the transaction open on the queue's database."""

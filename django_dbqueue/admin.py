@@ -321,9 +321,7 @@ class JobDeliveryAdmin(admin.ModelAdmin):
 
     def _settle(self, request, queryset, state, note):
         selected = list(queryset.values_list("id", flat=True))
-        moved = JobDelivery.objects.filter(id__in=selected, state=DeliveryState.RECORDED).update(
-            state=state, error=note, updated_at=Now()
-        )
+        moved = store.settle_deliveries(queryset.db, selected, state=str(state), error=note)
         if moved:
             self.message_user(
                 request, f"Marked {moved} delivery record(s) {state}.", messages.SUCCESS

@@ -15,6 +15,9 @@ Ids are stable and listed in docs/checks.md:
 - ``dbqueue.W001`` a lease shorter than two heartbeat intervals: one late heartbeat loses it.
 - ``dbqueue.W002`` an atomic job type with no timeout, or a long one: its transaction stays open
   for the whole run, holding locks and holding back vacuum.
+- ``dbqueue.W003`` the queue's tables do not exist in its database: run ``manage.py migrate``
+  (a database check: ``manage.py check --database default``; a warning, so that ``migrate``
+  itself, which runs the checks first, is not stopped by it).
 """
 
 import difflib
@@ -25,8 +28,9 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from . import registry
-from .conf import DEFAULTS, SETTING_NAME, Settings
+from . import registry, store, validation
+from .conf import DEFAULTS, SETTING_NAME, Settings, get_settings
+from .connections import DB_ERRORS
 
 
 def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=False):
@@ -43,13 +47,25 @@ def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=F
     return True
 
 
-MAX_SETTING = 10 * 365 * 86400  # no number of seconds (or count) in DBQUEUE is larger: 10 years
+MAX_SETTING = validation.MAX_SECONDS  # no number of seconds (or count) in DBQUEUE is larger
+
+
+def _valid(validator, value, **kwargs):
+    try:
+        validator(value, "", **kwargs)
+    except ValueError:
+        return False
+    return True
+
 
 # key -> (predicate, what it must be)
 _RULES = {
     "DATABASE": (lambda v: isinstance(v, str) and bool(v), "a database alias (str)"),
     "QUEUES": (None, "a dict of queue name -> options dict"),
-    "DEFAULT_QUEUE": (lambda v: isinstance(v, str) and bool(v), "a queue name (str)"),
+    "DEFAULT_QUEUE": (
+        lambda v: _valid(validation.queue_name, v),
+        f"a queue name (a non-empty str of at most {validation.MAX_QUEUE_NAME} characters)",
+    ),
     "CONCURRENCY": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
     "PREFETCH": (
         lambda v: _number(v, minimum=0, integer=True, allow_none=True),
@@ -64,7 +80,10 @@ _RULES = {
         lambda v: _number(v, minimum=0, exclusive=True),
         "a number of seconds > 0",
     ),
-    "MAX_ATTEMPTS": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
+    "MAX_ATTEMPTS": (
+        lambda v: _valid(validation.max_attempts, v),
+        f"an integer from 1 to {validation.INT32_MAX}",
+    ),
     "BACKOFF_BASE": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
     "BACKOFF_FACTOR": (lambda v: _number(v, minimum=1), "a number >= 1"),
     "BACKOFF_CAP": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
@@ -74,8 +93,9 @@ _RULES = {
     "ACK_INTERVAL": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
     "ACK_BATCH": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
     "NOTIFY_CHANNEL": (
-        lambda v: isinstance(v, str) and 0 < len(v) <= 63,
-        "a channel name (str of 1 to 63 characters)",
+        # PostgreSQL's identifier limit is 63 bytes (NAMEDATALEN - 1), counted in UTF-8.
+        lambda v: _valid(validation.name, v, max_length=63) and len(v.encode()) <= 63,
+        "a channel name (str of 1 to 63 bytes in UTF-8)",
     ),
     "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
     "LISTEN_DATABASE": (
@@ -134,14 +154,10 @@ def _check_queues(queues):
             )
         ]
     for name, options in queues.items():
-        if not isinstance(name, str) or not name or len(name) > 100:
-            errors.append(
-                _error(
-                    "E003",
-                    f"{SETTING_NAME}['QUEUES'] has an invalid queue name {name!r}.",
-                    hint="Queue names are non-empty strings of at most 100 characters.",
-                )
-            )
+        try:
+            validation.queue_name(name, f"{SETTING_NAME}['QUEUES']: a queue name")
+        except ValueError as exc:
+            errors.append(_error("E003", f"{exc}."))
             continue
         if not isinstance(options, dict):
             errors.append(
@@ -273,8 +289,11 @@ def _check_atomic_timeouts():
                     f"atomic job type {job_type.name!r} ({job_type.location}) allows {allowed}: its "
                     "transaction stays open for the whole run, holding row locks and holding back "
                     "vacuum on every table.",
-                    hint=f"Give it @job(..., timeout=N) with N <= {ATOMIC_TIMEOUT_LIMIT:g}, or make "
-                    "it non-atomic and idempotent.",
+                    hint="A timeout does not end the transaction (a thread cannot be stopped; "
+                    "it only lets the job be retried elsewhere). Keep the handler short and bound "
+                    "its statements (SET LOCAL statement_timeout, lock_timeout), or make it "
+                    "non-atomic and idempotent. @job(..., timeout=N) with N <= "
+                    f"{ATOMIC_TIMEOUT_LIMIT:g} states the bound and silences this warning.",
                     id="dbqueue.W002",
                 )
             )
@@ -329,3 +348,38 @@ def _check_database(conf):
             )
         ]
     return []
+
+
+def unmigrated(using):
+    """A message saying to run migrate when the queue's tables are missing from ``using``,
+    else ``None``. Queries the database (errors connecting to it propagate)."""
+    from .models import BackgroundJob, JobDelivery, ScheduleState
+
+    tables = [m._meta.db_table for m in (BackgroundJob, JobDelivery, ScheduleState)]
+    missing = store.missing_tables(using, tables)
+    if not missing:
+        return None
+    return (
+        f"database {using!r} has no {', '.join(missing)} table{'s' if len(missing) > 1 else ''}: "
+        "django-dbqueue's migrations have not been applied there. Run "
+        f"`python manage.py migrate{'' if using == 'default' else f' --database {using}'}`."
+    )
+
+
+@register(Tags.database, "dbqueue")
+def check_migrated(app_configs=None, databases=None, **kwargs):
+    """``dbqueue.W003``: the tables are missing. A database check, so it runs only when
+    ``check`` is given ``--database`` (and before ``migrate``, as a warning that does not stop
+    it); ``run_jobqueue`` and ``jobqueue_status`` refuse to start with the same message."""
+    using = get_settings().DATABASE
+    if not databases or using not in databases or using not in connections:
+        return []
+    if connections[using].vendor != "postgresql":
+        return []  # E005 says so
+    try:
+        message = unmigrated(using)
+    except DB_ERRORS:
+        return []  # unreachable: not this check's business
+    if message is None:
+        return []
+    return [Warning(message, hint="Run manage.py migrate.", id="dbqueue.W003")]

@@ -28,9 +28,8 @@ or the provider's own idempotency (``delivery.key``) settles it.
 import contextlib
 from dataclasses import dataclass
 
-from . import sql
+from . import store, validation
 from .conf import get_settings
-from .connections import side_execute
 from .exceptions import DBQueueError
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
@@ -94,22 +93,31 @@ class Delivery:
                 "settle_delivery() to settle an unconfirmed delivery from outside its job"
             )
         self.settled = True
-        params = {
-            "key": self.key,
-            "state": state,
-            "reference": reference,
-            "error": error,
-            "holder": True,
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-        }
-        if side_execute(self.using, sql.SETTLE_DELIVERY, params):
-            self.state, self.provider_reference, self.error = state, reference, error
-            return True
-        current = _load(self.key, self.using)
+        moved = store.settle_delivery(
+            self.using,
+            key=self.key,
+            state=state,
+            reference=reference,
+            error=error,
+            holder=True,
+            job_id=self.job_id,
+            attempt=self.attempt,
+        )
+        current = None if moved else store.delivery(self.using, self.key)
         if current is not None:
             self.state, self.provider_reference, self.error = current[1], current[2], current[3]
-        return False
+            # A try that committed but lost its reply: the retry matched nothing, yet the row
+            # says what this call said, for this job and attempt.
+            moved = (current[1], current[2], current[3], current[4], current[5]) == (
+                state,
+                reference,
+                error,
+                self.job_id,
+                self.attempt,
+            )
+        if moved:
+            self.state, self.provider_reference, self.error = state, reference, error
+        return moved
 
 
 def settle_delivery(key, state, *, reference="", error="", using=None):
@@ -121,29 +129,20 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
     _check_key(key)
     if state not in ("sent", "failed"):
         raise ValueError(f"a delivery is settled as 'sent' or 'failed', got {state!r}")
-    params = {
-        "key": key,
-        "state": state,
-        "reference": str(reference or ""),
-        "error": str(error or ""),
-        "holder": False,
-        "job_id": None,
-        "attempt": 0,
-    }
-    rows = side_execute(using or get_settings().DATABASE, sql.SETTLE_DELIVERY, params)
-    return bool(rows)
-
-
-def _load(key, using):
-    rows = side_execute(using, sql.SELECT_DELIVERY, {"key": key})
-    return rows[0] if rows else None
+    return store.settle_delivery(
+        using or get_settings().DATABASE,
+        key=key,
+        state=state,
+        reference=str(reference or ""),
+        error=str(error or ""),
+        holder=False,
+        job_id=None,
+        attempt=0,
+    )
 
 
 def _check_key(key):
-    if not isinstance(key, str) or not key or len(key) > 300:
-        raise ValueError(
-            f"delivery key must be a non-empty string of at most 300 characters, got {key!r}"
-        )
+    validation.key(key, "delivery key")
 
 
 def begin_delivery(key, *, ctx=None, using=None):
@@ -154,16 +153,10 @@ def begin_delivery(key, *, ctx=None, using=None):
     """
     _check_key(key)
     using = using or (ctx.using if ctx is not None else get_settings().DATABASE)
-    params = {
-        "key": key,
-        "job_id": getattr(ctx, "id", None),
-        "attempt": getattr(ctx, "attempt", 0),
-    }
-    if side_execute(using, sql.BEGIN_DELIVERY, params):
-        return Delivery(
-            key, True, "recorded", job_id=params["job_id"], attempt=params["attempt"], using=using
-        )
-    row = _load(key, using)
+    job_id, attempt = getattr(ctx, "id", None), getattr(ctx, "attempt", 0)
+    if store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt):
+        return Delivery(key, True, "recorded", job_id=job_id, attempt=attempt, using=using)
+    row = store.delivery(using, key)
     if row is None:  # pragma: no cover - deleted between the two statements
         return begin_delivery(key, ctx=ctx, using=using)
     _, state, reference, error, job_id, attempt, _, updated_at = row

@@ -2,17 +2,15 @@
 
 import datetime
 import difflib
-import numbers
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from . import payloads, registry, store
+from . import payloads, registry, store, validation
 from .conf import get_settings
 from .exceptions import EnqueueError, UnknownJobType, UnsupportedDatabase
-from .states import MAX_PRIORITY, MIN_PRIORITY
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +28,9 @@ class EnqueuedJob:
 
 
 def _job_type(name):
+    validation.type_name(name, "job type", error=EnqueueError)
     job_type = registry.get(name)
     if job_type is None:
-        if not isinstance(name, str):
-            raise UnknownJobType(f"job type must be a registered type name (str), got {name!r}")
         known = sorted(registry.all_types())
         close = difflib.get_close_matches(name, known, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -51,18 +48,6 @@ def _check_database(using):
             f"database {using!r} is {connection.vendor}; django-dbqueue needs PostgreSQL "
             "(it relies on FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY)."
         )
-
-
-def _seconds(value, name):
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise EnqueueError(f"{name} must be seconds or a timedelta, got {value!r}")
-    if value < 0:
-        raise EnqueueError(f"{name} must not be negative, got {value!r}")
-    if not value < 1e10:  # also NaN and inf, which would fail in SQL inside your transaction
-        raise EnqueueError(f"{name} must be a finite number of seconds below 1e10, got {value!r}")
-    return float(value)
 
 
 def _run_after(value):
@@ -95,37 +80,27 @@ def _prepare(
     """Validate one job's arguments; returns the values its INSERT binds."""
     job_type = _job_type(type)
     payload_json = payloads.dumps({} if payload is None else payload)
-    queue = job_type.get_queue(conf) if queue is None else queue
-    if not isinstance(queue, str) or not queue or len(queue) > 100:
-        raise EnqueueError(
-            f"queue must be a non-empty string of at most 100 characters, got {queue!r}"
-        )
+    queue = validation.queue_name(
+        job_type.get_queue(conf) if queue is None else queue, error=EnqueueError
+    )
     if queue not in conf.QUEUES:
         raise EnqueueError(
             f"queue {queue!r} is not in DBQUEUE['QUEUES'] ({', '.join(conf.QUEUES)}); "
             "no worker would claim it. Add it to the setting."
         )
-    priority = job_type.priority if priority is None else priority
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise EnqueueError(f"priority must be an integer, got {priority!r}")
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise EnqueueError(
-            f"priority {priority} is out of range: it must be from {MIN_PRIORITY} to "
-            f"{MAX_PRIORITY} (higher runs first)"
-        )
+    priority = validation.priority(
+        job_type.priority if priority is None else priority, error=EnqueueError
+    )
     if run_after is not None and delay is not None:
         raise EnqueueError("pass run_after or delay, not both")
     run_after = _run_after(run_after)
-    delay = 0.0 if delay is None else _seconds(delay, "delay")
-    if idempotency_key is not None and (
-        not isinstance(idempotency_key, str) or not idempotency_key or len(idempotency_key) > 300
-    ):
-        raise EnqueueError(
-            f"idempotency_key must be a non-empty string of at most 300 characters, got {idempotency_key!r}"
-        )
-    max_attempts = job_type.get_max_attempts(conf) if max_attempts is None else max_attempts
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise EnqueueError(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+    delay = 0.0 if delay is None else validation.seconds(delay, "delay", error=EnqueueError)
+    if idempotency_key is not None:
+        validation.key(idempotency_key, error=EnqueueError)
+    max_attempts = validation.max_attempts(
+        job_type.get_max_attempts(conf) if max_attempts is None else max_attempts,
+        error=EnqueueError,
+    )
     return {
         "type": type,
         "queue": queue,
@@ -209,10 +184,11 @@ _SPEC_KEYS = {
 
 def _spec(item, index):
     if isinstance(item, dict):
-        unknown = set(item) - _SPEC_KEYS
+        unknown = [key for key in item if key not in _SPEC_KEYS]
         if unknown:
             raise EnqueueError(
-                f"jobs[{index}] has unknown keys {sorted(unknown)}; allowed: {sorted(_SPEC_KEYS)}"
+                f"jobs[{index}] has unknown keys [{', '.join(map(validation.shown, unknown))}]; "
+                f"allowed: {sorted(_SPEC_KEYS)}"
             )
         if "type" not in item:
             raise EnqueueError(f"jobs[{index}] has no 'type'")
@@ -225,7 +201,8 @@ def _spec(item, index):
         spec["payload"] = item[1] if len(item) == 2 else None
         return spec
     raise EnqueueError(
-        f"jobs[{index}] must be a dict of enqueue() arguments or a (type, payload) pair, got {item!r}"
+        f"jobs[{index}] must be a dict of enqueue() arguments or a (type, payload) pair, "
+        f"got {validation.shown(item)}"
     )
 
 
@@ -240,8 +217,14 @@ def enqueue_many(jobs, *, using=None):
     conf = get_settings()
     using = using or conf.DATABASE
     _check_database(using)
+    try:
+        items = list(jobs)
+    except TypeError:
+        raise EnqueueError(
+            f"jobs must be an iterable of jobs, got {validation.shown(jobs)}"
+        ) from None
     prepared = []
-    for index, item in enumerate(jobs):
+    for index, item in enumerate(items):
         spec = _spec(item, index)
         try:
             prepared.append(_prepare(**spec, conf=conf))

@@ -8,9 +8,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from . import validation
 from .backoff import Backoff
 from .exceptions import JobRegistrationError
-from .states import MAX_PRIORITY, MIN_PRIORITY
 
 _UNSET: Any = object()
 MAX_LEASE = 86400.0  # seconds: a lease or timeout longer than a day is a mistake (heartbeats renew)
@@ -101,41 +101,28 @@ def name_sig(func, sig):
 
 
 def _validate_options(name, queue, max_attempts, lease, backoff, timeout, priority):
+    error = JobRegistrationError
+    validation.type_name(name, "@job type name", error=error)
     where = f"@job({name!r})"
-    if not isinstance(name, str) or not name or len(name) > 200:
-        raise JobRegistrationError(
-            f"@job type name must be a non-empty string of at most 200 characters, got {name!r}"
-        )
-    if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 100):
-        raise JobRegistrationError(f"{where}: queue must be a non-empty string, got {queue!r}")
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-    ):
-        raise JobRegistrationError(
-            f"{where}: max_attempts must be an integer >= 1, got {max_attempts!r}"
-        )
+    if queue is not None:
+        validation.queue_name(queue, f"{where}: queue", error=error)
+    if max_attempts is not None:
+        validation.max_attempts(max_attempts, f"{where}: max_attempts", error=error)
     for label, value in (("lease", lease), ("timeout", timeout)):
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 < value <= MAX_LEASE
-        ):
-            raise JobRegistrationError(
-                f"{where}: {label} must be a positive number of seconds, at most {MAX_LEASE:g}, "
-                f"got {value!r}"
+        if value is not None:
+            validation.seconds(
+                value,
+                f"{where}: {label}",
+                positive=True,
+                maximum=MAX_LEASE,
+                timedelta=False,
+                error=error,
             )
     if backoff is not None and not callable(backoff):
         raise JobRegistrationError(
             f"{where}: backoff must be callable (attempt -> seconds), e.g. Backoff(base=5), got {backoff!r}"
         )
-    if (
-        isinstance(priority, bool)
-        or not isinstance(priority, int)
-        or not (MIN_PRIORITY <= priority <= MAX_PRIORITY)
-    ):
-        raise JobRegistrationError(
-            f"{where}: priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}"
-        )
+    validation.priority(priority, f"{where}: priority", error=error)
 
 
 def job(

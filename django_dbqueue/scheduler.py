@@ -1,10 +1,12 @@
 """Periodic jobs without a leader.
 
-``DBQUEUE["SCHEDULE"]`` names entries with a cron expression or an interval. Every worker runs
-``Scheduler.run_once()`` every ``SCHEDULE_INTERVAL`` seconds. Per entry, a row in
-``dbqueue_schedule`` holds the last tick enqueued; a worker locks it with ``FOR UPDATE SKIP
-LOCKED`` (a busy row is simply skipped: another worker is on it), enqueues the due ticks and
-moves the row forward in the same transaction. Each tick's job carries the idempotency key
+``DBQUEUE["SCHEDULE"]`` names entries with a cron expression or an interval (the tick arithmetic,
+daylight saving included, is in ``schedule.py``). Every worker runs ``Scheduler.run_once()``
+every ``SCHEDULE_INTERVAL`` seconds. Per entry, a row in ``dbqueue_schedule`` holds the last tick
+enqueued. A pass reads every row in one plain SELECT (no lock, no transaction id, no commit to
+flush), and only for an entry with a tick due locks its row with ``FOR UPDATE SKIP LOCKED`` (a
+busy row is simply skipped: another worker is on it), enqueues the due ticks and moves the row
+forward in the same transaction. Each tick's job carries the idempotency key
 ``dbqueue-schedule:<name>:<tick>``, so even two workers that computed the same tick make one job.
 Time is the database's ``now()``.
 
@@ -15,18 +17,18 @@ Catch-up after downtime: ticks that came due within the last ``misfire_grace`` s
 
 import datetime
 import logging
-from dataclasses import dataclass, field
-from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from django.conf import settings
 from django.db import transaction
 
-from . import payloads, registry, store
+from . import payloads, registry, store, validation
 from .conf import get_settings
 from .enqueue import enqueue
-from .states import MAX_PRIORITY, MIN_PRIORITY
+from .schedule import Schedule
+
+__all__ = ["Schedule", "ScheduleError", "Scheduler", "parse_entry", "schedules", "status"]
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -54,139 +56,47 @@ class ScheduleError(ValueError):
         self.check_id = check_id
 
 
-@dataclass(frozen=True)
-class Schedule:
-    name: str
-    type: str
-    payload: Any = field(default_factory=dict)
-    queue: str | None = None
-    priority: int | None = None
-    cron: str | None = None
-    every: float | None = None
-    catch_up: int = 1
-    misfire_grace: float = 60.0
-    timezone: str | None = None
-
-    def _zone(self):
-        return ZoneInfo(self.timezone or settings.TIME_ZONE or "UTC")
-
-    def ticks_between(self, start, end, limit):
-        """Ticks ``t`` with ``start < t <= end``, oldest first, at most ``limit``."""
-        ticks = []
-        if self.every is not None:
-            # Aligned to the epoch, so every worker computes the very same instants.
-            step = self.every
-            first = (int(start.timestamp() // step) + 1) * step
-            moment = first
-            while moment <= end.timestamp() and len(ticks) < limit:
-                ticks.append(datetime.datetime.fromtimestamp(moment, datetime.UTC))
-                moment += step
-            return ticks
-        it = croniter(self.cron, start.astimezone(self._zone()))
-        while len(ticks) < limit:
-            tick = it.get_next(datetime.datetime)
-            if tick > end:
-                break
-            ticks.append(tick.astimezone(datetime.UTC))
-        return ticks
-
-    def ticks_before(self, end, count, after):
-        """The ``count`` most recent ticks ``t`` with ``after < t <= end``, oldest first."""
-        if count <= 0:
-            return []
-        if self.every is not None:
-            last = int(end.timestamp() // self.every) * self.every
-            ticks = [last - i * self.every for i in range(count)]
-            return [
-                datetime.datetime.fromtimestamp(t, datetime.UTC)
-                for t in reversed(ticks)
-                if t > after.timestamp()
-            ]
-        it = croniter(
-            self.cron, (end + datetime.timedelta(microseconds=1)).astimezone(self._zone())
-        )
-        ticks = []
-        while len(ticks) < count:
-            tick = it.get_prev(datetime.datetime).astimezone(datetime.UTC)
-            if tick <= after:
-                break
-            ticks.append(tick)
-        return list(reversed(ticks))
-
-    def next_tick(self, after):
-        ticks = self.ticks_between(after, after + datetime.timedelta(days=3660), 1)
-        return ticks[0] if ticks else None
-
-    def key(self, tick):
-        return f"dbqueue-schedule:{self.name}:{tick.astimezone(datetime.UTC).isoformat()}"
-
-
 def parse_entry(name, entry, conf):
     """Validate one ``SCHEDULE`` entry; returns a :class:`Schedule` or raises ScheduleError."""
+    validation.type_name(name, "DBQUEUE['SCHEDULE'] entry name", error=ScheduleError)
     where = f"DBQUEUE['SCHEDULE'][{name!r}]"
-    if not isinstance(name, str) or not name or len(name) > 200:
-        raise ScheduleError(
-            f"schedule names are non-empty strings of at most 200 characters, got {name!r}"
-        )
     if not isinstance(entry, dict):
-        raise ScheduleError(f"{where} must be a dict, got {entry!r}")
+        raise ScheduleError(f"{where} must be a dict, got {validation.shown(entry)}")
     unknown = set(entry) - _ENTRY_KEYS
     if unknown:
         raise ScheduleError(
-            f"{where} has unknown keys {sorted(unknown)}; allowed: {sorted(_ENTRY_KEYS)}"
+            f"{where} has unknown keys {sorted(map(str, unknown))}; allowed: {sorted(_ENTRY_KEYS)}"
         )
     job_type = entry.get("type")
-    if registry.get(job_type) is None:
+    if not isinstance(job_type, str) or registry.get(job_type) is None:
         raise ScheduleError(
-            f"{where} names job type {job_type!r}, which no @job registers", "dbqueue.E007"
+            f"{where} names job type {validation.shown(job_type)}, which no @job registers",
+            "dbqueue.E007",
         )
-    if ("cron" in entry) == ("every" in entry):
-        raise ScheduleError(
-            f"{where} needs exactly one of 'cron' (an expression) or 'every' (seconds)",
-            "dbqueue.E008",
-        )
-    cron, every = entry.get("cron"), entry.get("every")
-    if cron is not None and (not isinstance(cron, str) or not croniter.is_valid(cron)):
-        raise ScheduleError(
-            f"{where}['cron'] {cron!r} is not a valid cron expression", "dbqueue.E008"
-        )
-    if every is not None:
-        if hasattr(every, "total_seconds"):
-            every = every.total_seconds()
-        if isinstance(every, bool) or not isinstance(every, int | float) or every < 1:
-            raise ScheduleError(
-                f"{where}['every'] must be a number of seconds >= 1, got {entry['every']!r}",
-                "dbqueue.E008",
-            )
+    cron, every = _timing(where, entry)
     payload = entry.get("payload", {})
     try:
         payloads.check(payload, f"{where}['payload']")
     except payloads.PayloadError as exc:
         raise ScheduleError(str(exc)) from exc
     queue = entry.get("queue")
-    if queue is not None and queue not in conf.QUEUES:
-        raise ScheduleError(f"{where}['queue'] {queue!r} is not in DBQUEUE['QUEUES']")
+    if queue is not None:
+        validation.queue_name(queue, f"{where}['queue']", error=ScheduleError)
+        if queue not in conf.QUEUES:
+            raise ScheduleError(f"{where}['queue'] {queue!r} is not in DBQUEUE['QUEUES']")
     priority = entry.get("priority")
-    if priority is not None and (
-        isinstance(priority, bool)
-        or not isinstance(priority, int)
-        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
-    ):
-        raise ScheduleError(
-            f"{where}['priority'] must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got {priority!r}"
-        )
-    catch_up = entry.get("catch_up", 1)
-    if isinstance(catch_up, bool) or not isinstance(catch_up, int) or catch_up < 0:
-        raise ScheduleError(f"{where}['catch_up'] must be an integer >= 0, got {catch_up!r}")
-    grace = entry.get("misfire_grace", 60.0)
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-        raise ScheduleError(f"{where}['misfire_grace'] must be seconds >= 0, got {grace!r}")
-    zone = entry.get("timezone")
-    if zone is not None:
-        try:
-            ZoneInfo(zone)
-        except (ZoneInfoNotFoundError, ValueError, TypeError):
-            raise ScheduleError(f"{where}['timezone'] {zone!r} is not a known time zone") from None
+    if priority is not None:
+        validation.priority(priority, f"{where}['priority']", error=ScheduleError)
+    catch_up = validation.integer(
+        entry.get("catch_up", 1),
+        f"{where}['catch_up']",
+        minimum=0,
+        maximum=1000,
+        error=ScheduleError,
+    )
+    grace = validation.seconds(
+        entry.get("misfire_grace", 60.0), f"{where}['misfire_grace']", error=ScheduleError
+    )
     schedule = Schedule(
         name=name,
         type=job_type,
@@ -194,10 +104,10 @@ def parse_entry(name, entry, conf):
         queue=queue,
         priority=priority,
         cron=cron,
-        every=None if every is None else float(every),
+        every=every,
         catch_up=catch_up,
-        misfire_grace=float(grace),
-        timezone=zone,
+        misfire_grace=grace,
+        timezone=_zone(where, entry.get("timezone")),
     )
     try:
         if schedule.next_tick(datetime.datetime.now(datetime.UTC)) is None:
@@ -207,6 +117,44 @@ def parse_entry(name, entry, conf):
             f"{where}['cron'] {cron!r} never comes due: {exc}", "dbqueue.E008"
         ) from None
     return schedule
+
+
+def _timing(where, entry):
+    """``(cron, every)`` of an entry: exactly one is set."""
+    if ("cron" in entry) == ("every" in entry):
+        raise ScheduleError(
+            f"{where} needs exactly one of 'cron' (an expression) or 'every' (seconds)",
+            "dbqueue.E008",
+        )
+    cron, every = entry.get("cron"), entry.get("every")
+    if cron is not None and (not isinstance(cron, str) or not croniter.is_valid(cron)):
+        raise ScheduleError(
+            f"{where}['cron'] {validation.shown(cron)} is not a valid cron expression",
+            "dbqueue.E008",
+        )
+    if every is not None:
+        try:
+            every = validation.seconds(every, f"{where}['every']", error=ScheduleError)
+        except ScheduleError as exc:
+            raise ScheduleError(str(exc), "dbqueue.E008") from None
+        if every < 1:
+            raise ScheduleError(
+                f"{where}['every'] must be at least 1 second, got {every:g}", "dbqueue.E008"
+            )
+    return cron, every
+
+
+def _zone(where, zone):
+    """The entry's time zone name: its own, else ``TIME_ZONE``, else UTC."""
+    if zone is None:
+        return settings.TIME_ZONE or "UTC"
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ScheduleError(
+            f"{where}['timezone'] {validation.shown(zone)} is not a known time zone"
+        ) from None
+    return zone
 
 
 def schedules(conf=None):
@@ -228,10 +176,22 @@ class Scheduler:
         self.schedules = schedules(self.conf)
 
     def run_once(self):
-        """One pass over every entry. Returns ``{"enqueued": n, "skipped": n}``."""
+        """One pass over every entry. Returns ``{"enqueued": n, "skipped": n}``.
+
+        A pass with nothing due runs one SELECT in autocommit: no row lock, no transaction id.
+        """
         counts = {"enqueued": 0, "skipped": 0}
+        if not self.schedules:
+            return counts
+        last, now = store.schedule_state(self.using)
         for schedule in self.schedules:
             try:
+                if schedule.name not in last:
+                    # First sight: the entry starts from now (no tick before the fleet knew it).
+                    store.ensure_schedule(self.using, schedule.name)
+                    continue
+                if not schedule.ticks_between(last[schedule.name], now, 1):
+                    continue
                 enqueued, skipped = self._tick(schedule)
             except Exception:
                 # One broken entry must not stop the others (nor the worker's claim loop).
@@ -247,25 +207,20 @@ class Scheduler:
             if row is None:
                 return 0, 0  # another worker is ticking this entry right now
             last_tick, now = row
-            horizon = now - datetime.timedelta(seconds=schedule.misfire_grace)
-            on_time = schedule.ticks_between(max(last_tick, horizon), now, MAX_ON_TIME_TICKS)
-            late, skipped = [], 0
-            if last_tick < horizon:
-                late = schedule.ticks_before(horizon, schedule.catch_up, last_tick)
-                missed = schedule.ticks_between(last_tick, horizon, MAX_MISSED_COUNTED)
-                skipped = len(missed) - len(late)
-                if skipped:
-                    logger.warning(
-                        "dbqueue schedule %r: skipped %d%s missed ticks from %s to %s (catch_up=%d)",
-                        schedule.name,
-                        skipped,
-                        "+" if len(missed) >= MAX_MISSED_COUNTED else "",
-                        missed[0].isoformat(),
-                        missed[-1].isoformat(),
-                        schedule.catch_up,
-                    )
-            due = late + on_time
-            for tick in due:
+            due = schedule.due(
+                last_tick, now, limit=MAX_ON_TIME_TICKS, count_limit=MAX_MISSED_COUNTED
+            )
+            if due.skipped:
+                logger.warning(
+                    "dbqueue schedule %r: skipped %d%s missed ticks from %s to %s (catch_up=%d)",
+                    schedule.name,
+                    due.skipped,
+                    "+" if len(due.missed) >= MAX_MISSED_COUNTED else "",
+                    due.missed[0].isoformat(),
+                    due.missed[-1].isoformat(),
+                    schedule.catch_up,
+                )
+            for tick in due.ticks:
                 enqueue(
                     schedule.type,
                     schedule.payload,
@@ -274,14 +229,14 @@ class Scheduler:
                     idempotency_key=schedule.key(tick),
                     using=self.using,
                 )
-            newest = due[-1] if due else (horizon if last_tick < horizon else None)
-            if newest is not None:
-                store.advance_schedule(self.using, schedule.name, newest)
-            return len(due), skipped
+            if due.advance_to is not None:
+                store.advance_schedule(self.using, schedule.name, due.advance_to)
+            return len(due.ticks), due.skipped
 
 
 def status(using=None):
-    """``[(name, last_tick, next_tick)]`` for the status command."""
+    """``[(name, last_tick, next_tick)]`` for the status command. ``next_tick`` is the tick the
+    next pass runs first: a missed tick that the catch-up policy will still run, if any."""
     conf = get_settings()
     using = using or conf.DATABASE
     last, now = store.schedule_state(using)
@@ -289,7 +244,11 @@ def status(using=None):
     for schedule in schedules(conf):
         previous = last.get(schedule.name)
         try:
-            upcoming = schedule.next_tick(max(previous or now, now))
+            upcoming = None
+            if previous is not None:
+                due = schedule.due(previous, now, limit=1, count_limit=1)
+                upcoming = due.ticks[0] if due.ticks else None
+            upcoming = upcoming or schedule.next_tick(max(previous or now, now))
         except Exception:
             upcoming = None
         rows.append((schedule.name, previous, upcoming))

@@ -286,6 +286,14 @@ WHERE key = %(key)s AND state = 'recorded'
 RETURNING id
 """
 
+# A person settles unconfirmed deliveries from the admin: only 'recorded' rows move, so a record
+# that its job settled meanwhile keeps the job's word.
+SETTLE_DELIVERIES_BY_ID = """
+UPDATE dbqueue_delivery SET state = %(state)s, error = %(error)s, updated_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'recorded'
+RETURNING id
+"""
+
 # Operator actions -------------------------------------------------------------------------------
 # Each takes explicit ids and moves only the rows whose state allows it; the caller reports how
 # many moved and how many were left alone. Requeue and run-now notify the workers.
@@ -397,6 +405,14 @@ UPDATE dbqueue_schedule SET last_tick = %(tick)s, updated_at = now() WHERE name 
 SCHEDULE_STATE = """
 SELECT s.name, s.last_tick, n.now
 FROM (SELECT now() AS now) AS n LEFT JOIN dbqueue_schedule AS s ON true
+"""
+
+# Schema -------------------------------------------------------------------------------------------
+
+# Which of the package's tables the database lacks (never migrated, or migrated elsewhere):
+# to_regclass() is NULL for a name that resolves to no relation on the search path.
+MISSING_TABLES = """
+SELECT name FROM unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL
 """
 
 # django.tasks ------------------------------------------------------------------------------------

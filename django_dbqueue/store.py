@@ -8,11 +8,13 @@ they take part in the caller's transaction.
 import json
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 
 from django.db import connections
 
 from . import sql
+from .connections import DB_ERRORS, reset_connection, side_execute
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -248,11 +250,15 @@ def status(using, queues=()):
     return result
 
 
+def ensure_schedule(using, name):
+    """Give a new schedule entry its row, starting from now (nothing if it has one)."""
+    _execute_no_rows(using, sql.ENSURE_SCHEDULE, {"name": name})
+
+
 def lock_schedule(using, name):
     """Inside a transaction: ``(last_tick, now)`` of a schedule entry, or ``None`` when another
-    worker holds it."""
+    worker holds it (or it has no row)."""
     with connections[using].cursor() as cursor:
-        cursor.execute(sql.ENSURE_SCHEDULE, {"name": name})
         cursor.execute(sql.LOCK_SCHEDULE, {"name": name})
         return cursor.fetchone()
 
@@ -265,6 +271,75 @@ def schedule_state(using):
     """``({name: last_tick}, now)``."""
     rows = _execute(using, sql.SCHEDULE_STATE, {})
     return {name: last for name, last, _ in rows if name is not None}, rows[0][2]
+
+
+def missing_tables(using, tables):
+    """Those of ``tables`` that do not exist in database ``using``."""
+    return [row[0] for row in _execute(using, sql.MISSING_TABLES, {"tables": list(tables)})]
+
+
+# Delivery records: on a connection that commits on its own (see connections.side_execute). ------
+
+SETTLE_RETRIES = 3  # tries of a settle that met a lost connection
+
+
+def begin_delivery(using, *, key, job_id, attempt):
+    """Record (or re-record a failed) delivery; True when this caller now holds it."""
+    params = {"key": key, "job_id": job_id, "attempt": attempt}
+    return bool(side_execute(using, sql.BEGIN_DELIVERY, params))
+
+
+def delivery(using, key):
+    """``(id, state, provider_reference, error, job_id, attempt, created_at, updated_at)`` of the
+    delivery ``key``, or ``None``."""
+    rows = side_execute(using, sql.SELECT_DELIVERY, {"key": key})
+    return rows[0] if rows else None
+
+
+def settle_delivery(using, *, key, state, reference, error, holder, job_id, attempt):
+    """Move a ``recorded`` delivery to ``state``; True if it moved.
+
+    The effect has already happened when this runs, so a lost connection must not leave the
+    record ``recorded`` (an unknown outcome that needs a person): reconnect and try again. That
+    is safe because the statement is fenced (only a ``recorded`` row, and for a ``holder`` only
+    its own job and attempt, moves); a first try that committed but lost its reply makes the
+    retry match nothing, which the caller tells apart by reading the row back.
+    """
+    params = {
+        "key": key,
+        "state": state,
+        "reference": reference,
+        "error": error,
+        "holder": holder,
+        "job_id": job_id,
+        "attempt": attempt,
+    }
+    for tries in range(1, SETTLE_RETRIES + 1):
+        try:
+            return bool(side_execute(using, sql.SETTLE_DELIVERY, params))
+        except DB_ERRORS:
+            if tries == SETTLE_RETRIES:
+                raise
+            logger.warning(
+                "dbqueue delivery %r: connection lost while settling it %s; reconnecting "
+                "(try %d of %d)",
+                key,
+                state,
+                tries + 1,
+                SETTLE_RETRIES,
+            )
+            if not connections[using].in_atomic_block:
+                reset_connection(using)  # the side path drops its own connection itself
+            time.sleep(0.05 * tries)  # a short backoff before reconnecting, not a wait
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def settle_deliveries(using, ids, *, state, error):
+    """A person settles ``recorded`` deliveries by id; returns the number moved."""
+    rows = _execute(
+        using, sql.SETTLE_DELIVERIES_BY_ID, {"ids": list(ids), "state": state, "error": error}
+    )
+    return len(rows)
 
 
 def task_result_row(using, job_id, job_type):

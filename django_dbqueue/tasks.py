@@ -12,9 +12,9 @@
 ``@task`` functions enqueue rows in ``dbqueue_job`` (type ``django.tasks``) inside the caller's
 transaction, exactly like :func:`django_dbqueue.enqueue`, and ``run_jobqueue`` runs them. The row
 stores the task's dotted path; a worker runs it only if that path names a ``django.tasks.Task``
-bound to a ``DBQueueBackend``. Tasks are found by their ``tasks`` modules (imported at worker
-start) or, failing that, imported from a module inside an installed app; any other path is
-dead-lettered with an error, never imported from elsewhere and never called.
+bound to a ``DBQueueBackend`` that the worker already knows: one defined in an installed app's
+``tasks`` module, which the worker imports at start. Nothing is imported because a row names it;
+any other path is dead-lettered with an error and never called.
 """
 
 import django

@@ -3,9 +3,16 @@
 
 import argparse
 
+from django_dbqueue import validation
+from django_dbqueue.conf import get_settings
 
-def whole_number(minimum, what="a whole number"):
-    """An int >= ``minimum``."""
+BIGINT_MAX = 2**63 - 1  # job ids are bigint
+MAX_CONCURRENCY = 1000  # handler threads per process: past this, threads and connections run out
+MAX_PROCESSES = 256
+
+
+def whole_number(minimum, what="a whole number", maximum=BIGINT_MAX):
+    """An int from ``minimum`` to ``maximum``."""
 
     def parse(text):
         try:
@@ -16,17 +23,54 @@ def whole_number(minimum, what="a whole number"):
             raise argparse.ArgumentTypeError(
                 f"must be {'at least 1' if minimum == 1 else f'{minimum} or more'}, got {value}"
             )
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
     return parse
 
 
 def positive_seconds(text):
-    """A float > 0."""
+    """A finite float > 0, at most ten years."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value <= validation.MAX_SECONDS:  # also inf and NaN
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number of seconds, at most {validation.MAX_SECONDS}, got {text}"
+        )
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {text}")
     return value
+
+
+def _usage(validator):
+    """An argparse type from a ``validation`` rule: its message, minus the label argparse adds."""
+
+    def parse(text):
+        try:
+            return validator(text, "", error=argparse.ArgumentTypeError)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(str(exc).strip()) from None
+
+    return parse
+
+
+job_type_name = _usage(validation.type_name)
+queue_name = _usage(validation.queue_name)
+
+
+def queue_list(text):
+    """Comma-separated names of configured queues, at least one."""
+    queues = [name.strip() for name in text.split(",") if name.strip()]
+    if not queues:
+        raise argparse.ArgumentTypeError(f"needs at least one queue name, got {text!r}")
+    configured = get_settings().QUEUES
+    unknown = [name for name in queues if name not in configured]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"names {', '.join(map(repr, unknown))}, not in DBQUEUE['QUEUES'] "
+            f"({', '.join(configured)})"
+        )
+    return queues

@@ -33,16 +33,25 @@ def test_e002_unknown_key_suggests_the_close_match(settings):
         ("CONCURRENCY", 0, "an integer >= 1"),
         ("CONCURRENCY", "8", "an integer >= 1"),
         ("POLL_INTERVAL", -1, "seconds > 0"),
-        ("MAX_ATTEMPTS", 1.5, "an integer >= 1"),
+        ("MAX_ATTEMPTS", 1.5, "an integer from 1 to 2147483647"),
+        ("MAX_ATTEMPTS", 2**31, "an integer from 1 to 2147483647"),
+        ("DEFAULT_QUEUE", "a\x00", "a queue name"),
         ("LISTEN", "yes", "True or False"),
         ("QUEUES", [], "non-empty dict"),
-        ("NOTIFY_CHANNEL", "x" * 64, "1 to 63 characters"),
+        ("NOTIFY_CHANNEL", "x" * 64, "1 to 63 bytes in UTF-8"),
+        ("NOTIFY_CHANNEL", "é" * 32, "1 to 63 bytes in UTF-8"),  # 32 characters, 64 bytes
     ],
 )
 def test_e003_wrong_type_or_range(key, value, fragment, settings):
     found = ids({"QUEUES": {"default": {}, "emails": {}}, key: value}, settings)
     assert [i for i, _, _ in found] == ["dbqueue.E003"]
     assert fragment in found[0][1] and key in found[0][1]
+
+
+def test_e003_a_queue_name_postgresql_cannot_store(settings):
+    found = ids({"QUEUES": {"default": {}, "emails": {}, "x\udc00": {}}}, settings)
+    assert [i for i, _, _ in found] == ["dbqueue.E003"]
+    assert "a queue name 'x\\udc00' contains a lone surrogate" in found[0][1]
 
 
 def test_e003_bad_queue_options(settings):
@@ -82,6 +91,7 @@ def test_e006_type_queue_not_configured(settings):
     assert [i for i, _, _ in found] == ["dbqueue.E006"] and "'email'" in found[0][1]
 
 
+@pytest.mark.django_db  # on Django 6.1, --tag also selects the database check W003
 def test_manage_py_check_fails_on_bad_settings(settings):
     settings.DBQUEUE = {"QUEUES": {"default": {}, "emails": {}}, "LEASE": "long"}
     with pytest.raises(SystemCheckError, match=r"dbqueue.E003"):
@@ -95,6 +105,8 @@ def test_w002_atomic_type_with_a_long_or_no_timeout(settings):
         found = ids({"QUEUES": {"default": {}, "emails": {}}}, settings)
         assert [i for i, _, _ in found] == ["dbqueue.W002", "dbqueue.W002"]
         assert "allows no timeout" in found[0][1] and "timeout=600s" in found[1][1]
+        hint = found[0][2]
+        assert "A timeout does not end the transaction" in hint and "statement_timeout" in hint
     finally:
         registry.unregister("atomic-forever")
         registry.unregister("atomic-long")

@@ -194,3 +194,63 @@ def test_sent_on_exit_false_leaves_settling_to_the_handler():
     with deliver(None, "k:manual", sent_on_exit=False) as d:
         assert d.proceed
     assert delivery("k:manual")[0] == "recorded"
+
+
+def terminate(pid):
+    import psycopg
+
+    from django_dbqueue.connections import connection_params
+
+    with psycopg.connect(**connection_params("default"), autocommit=True) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+        # Wait until the server has really ended it, so the settle meets a dead connection.
+        wait_until(
+            lambda: (
+                not admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone()
+            ),
+            message=f"backend {pid} gone",
+        )
+
+
+@pytest.mark.parametrize("outcome", ["sent", "failed"])
+def test_a_settle_that_meets_a_dead_connection_reconnects_and_settles(outcome):
+    held = begin_delivery(f"sms:dead-{outcome}")
+    assert held.proceed
+    connection.ensure_connection()
+    terminate(connection.connection.info.backend_pid)
+    assert (held.sent("ref-1") if outcome == "sent" else held.failed("declined")) is True
+    assert held.state == outcome
+    assert delivery(f"sms:dead-{outcome}")[0] == outcome
+
+
+def test_a_settle_inside_an_atomic_handler_reconnects_its_side_connection():
+    from django_dbqueue import connections as dbq_connections
+
+    with transaction.atomic():
+        held = begin_delivery("sms:dead-side")
+        side = dbq_connections._side.default
+        terminate(side.info.backend_pid)
+        assert held.sent("ref-2") is True
+    assert delivery("sms:dead-side")[:2] == ("sent", "ref-2")
+
+
+def test_a_settle_whose_first_try_committed_reports_success(monkeypatch):
+    """The reply of a committed settle was lost: the retry matches nothing, the row says ours."""
+    from django_dbqueue import store
+
+    held = begin_delivery("sms:lost-reply")
+    real = store.side_execute
+    calls = []
+
+    def lose_first_reply(using, statement, params):
+        rows = real(using, statement, params)
+        calls.append(statement)
+        if len(calls) == 1:
+            from django.db import OperationalError
+
+            raise OperationalError("server closed the connection unexpectedly")
+        return rows
+
+    monkeypatch.setattr(store, "side_execute", lose_first_reply)
+    assert held.sent("ref-3") is True and held.state == "sent"
+    assert len(calls) == 3  # the settle, its retry (matching nothing), the read back

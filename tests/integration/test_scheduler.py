@@ -121,7 +121,7 @@ def test_three_schedulers_racing_make_exactly_one_job_per_tick(settings):
         ({"every": 60, "type": "nope"}, "dbqueue.E007", "names job type 'nope'"),
         ({"cron": "61 * * * *", "type": "noop"}, "dbqueue.E008", "not a valid cron expression"),
         ({"type": "noop"}, "dbqueue.E008", "exactly one of 'cron'"),
-        ({"every": 0.5, "type": "noop"}, "dbqueue.E008", "seconds >= 1"),
+        ({"every": 0.5, "type": "noop"}, "dbqueue.E008", "must be at least 1 second, got 0.5"),
         (
             {"every": 60, "type": "noop", "queue": "nope"},
             "dbqueue.E010",
@@ -170,3 +170,73 @@ def test_status_lists_schedules_with_last_and_next_tick(settings):
     out = io.StringIO()
     call_command("jobqueue_status", stdout=out)
     assert "schedule nightly: last tick 20" in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_with_nothing_due_runs_one_plain_select_and_locks_nothing(settings):
+    from django.test.utils import CaptureQueriesContext
+
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {
+            "nightly": {"cron": "0 3 * * *", "type": "noop"},
+            "hourly": {"every": 3600, "type": "noop"},
+            "weekly": {"cron": "0 4 * * 1", "type": "noop", "timezone": "Europe/Berlin"},
+        },
+    }
+    scheduler = Scheduler()
+    scheduler.run_once()  # first sight: each entry gets its row, starting from now
+    assert scalar("SELECT count(*) FROM dbqueue_schedule") == 3
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(5):
+            assert scheduler.run_once() == {"enqueued": 0, "skipped": 0}
+    statements = [q["sql"] for q in queries.captured_queries]
+    assert len(statements) == 5, statements  # one per pass, whatever the number of entries
+    for statement in statements:
+        assert statement.lstrip().upper().startswith("SELECT"), statement
+        assert "FOR UPDATE" not in statement.upper()
+    # ...and it is not inside a transaction: no BEGIN/COMMIT, so no xid and no flushed commit.
+    assert connection.get_autocommit() and not connection.in_atomic_block
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_due_entry_is_locked_and_ticked_while_the_others_are_only_read(settings):
+    from django.test.utils import CaptureQueriesContext
+
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {
+            "due": {"every": 60, "type": "noop"},
+            "idle": {"cron": "0 3 1 1 *", "type": "noop"},
+        },
+    }
+    scheduler = Scheduler()
+    scheduler.run_once()
+    set_last_tick("due", 61)
+    with CaptureQueriesContext(connection) as queries:
+        assert scheduler.run_once()["enqueued"] == 1
+    locks = [q["sql"] for q in queries.captured_queries if "FOR UPDATE" in q["sql"].upper()]
+    assert len(locks) == 1
+    assert scalar("SELECT count(*) FROM dbqueue_job") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_next_tick_is_the_missed_tick_that_runs_first(settings):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {"hourly": {"every": 3600, "type": "noop", "catch_up": 1}},
+    }
+    Scheduler().run_once()
+    set_last_tick("hourly", 3 * 3600 + 120)  # three hours down: one missed tick still runs
+    out = io.StringIO()
+    call_command("jobqueue_status", "--json", stdout=out)
+    (row,) = json.loads(out.getvalue())["schedules"]
+    now = scalar("SELECT now()")
+    next_tick = datetime.datetime.fromisoformat(row["next_tick"])
+    assert next_tick < now  # the catch-up tick, not the next hour
+    assert now - next_tick < datetime.timedelta(hours=2)

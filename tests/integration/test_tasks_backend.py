@@ -117,6 +117,22 @@ def test_priority_and_queue_are_honoured(tasks, start_worker):
     assert tasks.record_order.get_result(high.id).return_value is None
 
 
+def test_a_copy_made_by_using_does_not_replace_the_known_task(tasks, start_worker):
+    from django_dbqueue.tasks import resolve_task
+
+    plain = tasks.add.enqueue(3, 4)
+    moved = tasks.add.using(queue_name="emails", priority=7).enqueue(1, 2)  # enqueued last
+    known = resolve_task(tasks.add.module_path, "default")
+    assert known is tasks.add and known.queue_name == "default"
+    assert (job_row(int(moved.id))["queue"], job_row(int(moved.id))["priority"]) == ("emails", 7)
+    start_worker()
+    for result, value in ((moved, 3), (plain, 7)):
+        wait_until(lambda r=result: tasks.add.get_result(r.id).is_finished, message="finished")
+        final = tasks.add.get_result(result.id)
+        assert final.status.name == "SUCCESSFUL" and final.return_value == value, final.errors
+    assert tasks.add.get_result(moved.id).task.queue_name == "emails"
+
+
 def test_deferral_is_honoured(tasks, start_worker):
     from django.utils import timezone
 

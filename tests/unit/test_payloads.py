@@ -2,20 +2,22 @@
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_dbqueue.payloads import dumps
+from django_dbqueue.exceptions import PayloadError
+from django_dbqueue.payloads import check, dumps
 
+# Text PostgreSQL can store: no NUL, no lone surrogate (category Cs).
+storable_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
 json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text().filter(lambda s: "\x00" not in s),
-    lambda children: (
-        st.lists(children) | st.dictionaries(st.text().filter(lambda s: "\x00" not in s), children)
-    ),
+    | st.floats(allow_nan=False, allow_infinity=False, min_value=-9.999e15, max_value=9.999e15)
+    | storable_text,
+    lambda children: st.lists(children) | st.dictionaries(storable_text, children),
     max_leaves=20,
 )
 
@@ -23,3 +25,48 @@ json_values = st.recursive(
 @given(json_values)
 def test_accepted_payloads_round_trip_unchanged(value):
     assert json.loads(dumps(value)) == value
+
+
+def nested(depth):
+    value = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ({"n": 1e16}, 'payload["n"] is the float 1e+16: PostgreSQL\'s jsonb returns'),
+        ({"n": [-1e308]}, 'payload["n"][0] is the float -1e+308'),
+        ({"a\x00b": 1}, "payload has a key 'a\\x00b' that contains a NUL character"),
+        ({"s": "ok \ud800"}, "payload[\"s\"] contains a lone surrogate ('\\ud800' at index 3)"),
+        ({"\udc80": 1}, "payload has a key '\\udc80' that contains a lone surrogate"),
+        ({"deep": nested(10_000)}, "is nested more than 100 levels deep"),
+        ({"big": 10**5000}, 'payload["big"] is an integer of 5001 digits; at most 4300'),
+        ({1: "x"}, "has a key 1 of type int"),
+    ],
+)
+def test_payloads_that_would_not_survive_are_refused_by_path(payload, fragment):
+    with pytest.raises(PayloadError) as caught:
+        dumps(payload)
+    assert fragment in str(caught.value)
+
+
+def test_limits_are_inclusive_where_they_should_be():
+    # nested(98) is 99 lists; inside the payload dict, 100 levels: the most allowed.
+    assert json.loads(dumps({"f": 9999999999999998.0, "i": 10**4299, "d": nested(98)})) == {
+        "f": 9999999999999998.0,
+        "i": 10**4299,
+        "d": nested(98),
+    }
+    with pytest.raises(PayloadError, match="nested more than 100 levels"):
+        dumps({"d": nested(99)})
+
+
+def test_a_result_is_told_to_return_json_not_to_convert_before_enqueueing():
+    with pytest.raises(PayloadError, match="return a JSON value instead") as caught:
+        check({1, 2}, "result")
+    assert "enqueueing" not in str(caught.value)
+    with pytest.raises(PayloadError, match="convert it before enqueueing"):
+        check({1, 2})

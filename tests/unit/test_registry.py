@@ -56,9 +56,12 @@ def test_accepted_signatures(cleanup):
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"max_attempts": 0}, "max_attempts must be an integer >= 1"),
-        ({"lease": -1}, "lease must be a positive number"),
-        ({"timeout": "5"}, "timeout must be a positive number"),
+        ({"max_attempts": 0}, "max_attempts must be an integer from 1 to 2147483647"),
+        (
+            {"lease": -1},
+            "lease must be a number of seconds greater than 0 and at most 86400, got -1",
+        ),
+        ({"timeout": "5"}, "timeout must be a number of seconds, got '5'"),
         ({"priority": 500}, "priority must be an integer from -100 to 100"),
         ({"backoff": 5}, "backoff must be callable"),
         ({"queue": ""}, "queue must be a non-empty string"),

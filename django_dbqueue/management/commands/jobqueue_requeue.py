@@ -4,7 +4,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_dbqueue import store
 from django_dbqueue.conf import get_settings
-from django_dbqueue.management.arguments import whole_number
+from django_dbqueue.management.arguments import job_type_name, queue_name, whole_number
+from django_dbqueue.management.preflight import queue_database
 from django_dbqueue.models import BackgroundJob
 
 BATCH = 1000
@@ -27,14 +28,19 @@ class Command(BaseCommand):
             metavar="ID",
             help="These jobs (dead or cancelled).",
         )
-        parser.add_argument("--type", help="Only jobs of this type (with --dead).")
-        parser.add_argument("--queue", help="Only jobs in this queue (with --dead).")
+        parser.add_argument(
+            "--type", type=job_type_name, help="Only jobs of this type (with --dead)."
+        )
+        parser.add_argument(
+            "--queue", type=queue_name, help="Only jobs in this queue (with --dead)."
+        )
         parser.add_argument(
             "--dry-run", action="store_true", help="Say what would be requeued; change nothing."
         )
 
     def handle(self, *args, **options):
         conf = get_settings()
+        queue_database()
         if options["ids"] and (options["type"] or options["queue"]):
             raise CommandError(
                 "--type and --queue narrow --dead; with --ids, list the jobs you mean"
@@ -51,9 +57,9 @@ class Command(BaseCommand):
     def _by_ids(self, conf, ids, dry_run):
         if dry_run:
             eligible = list(
-                BackgroundJob.objects.filter(
-                    id__in=ids, state__in=["dead", "cancelled"]
-                ).values_list("id", flat=True)
+                BackgroundJob.objects.using(conf.DATABASE)
+                .filter(id__in=ids, state__in=["dead", "cancelled"])
+                .values_list("id", flat=True)
             )
             self.stdout.write(
                 f"dry run: would requeue {len(eligible)} of {len(ids)} job(s): {eligible}"

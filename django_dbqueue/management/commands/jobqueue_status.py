@@ -5,6 +5,7 @@ from django.core.management.base import BaseCommand
 from django_dbqueue import scheduler, store
 from django_dbqueue.conf import get_settings
 from django_dbqueue.management.arguments import positive_seconds, whole_number
+from django_dbqueue.management.preflight import queue_database
 
 
 class Command(BaseCommand):
@@ -35,7 +36,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         conf = get_settings()
-        per_queue = store.status(conf.DATABASE, conf.QUEUES)
+        using = queue_database()
+        per_queue = store.status(using, conf.QUEUES)
         totals = {
             key: sum(q[key] for q in per_queue.values())
             for key in ("pending", "scheduled", "running", "stuck", "dead")
@@ -64,7 +66,7 @@ class Command(BaseCommand):
                 "last_tick": last and last.isoformat(),
                 "next_tick": nxt and nxt.isoformat(),
             }
-            for name, last, nxt in scheduler.status(conf.DATABASE)
+            for name, last, nxt in scheduler.status(using)
         ]
         if options["json"]:
             report = {

@@ -1,8 +1,15 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 from django.db import connections
 
 from django_dbqueue.conf import get_settings
-from django_dbqueue.management.arguments import positive_seconds, whole_number
+from django_dbqueue.management.arguments import (
+    MAX_CONCURRENCY,
+    MAX_PROCESSES,
+    positive_seconds,
+    queue_list,
+    whole_number,
+)
+from django_dbqueue.management.preflight import queue_database
 
 
 class Command(BaseCommand):
@@ -10,16 +17,18 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument(
-            "--queues", help="Comma-separated queue names (default: all in DBQUEUE['QUEUES'])."
+            "--queues",
+            type=queue_list,
+            help="Comma-separated queue names (default: all in DBQUEUE['QUEUES']).",
         )
         parser.add_argument(
             "--concurrency",
-            type=whole_number(1),
-            help="Handler threads per process.",
+            type=whole_number(1, maximum=MAX_CONCURRENCY),
+            help=f"Handler threads per process (1 to {MAX_CONCURRENCY}).",
         )
         parser.add_argument(
             "--processes",
-            type=whole_number(1),
+            type=whole_number(1, maximum=MAX_PROCESSES),
             default=1,
             help="Worker processes (default 1).",
         )
@@ -43,22 +52,8 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         conf = get_settings()
-        queues = list(conf.QUEUES)
-        if options["queues"]:
-            queues = [q.strip() for q in options["queues"].split(",") if q.strip()]
-            if not queues:
-                raise CommandError("argument --queues: needs at least one queue name")
-            unknown = [q for q in queues if q not in conf.QUEUES]
-            if unknown:
-                raise CommandError(
-                    f"argument --queues: names {', '.join(map(repr, unknown))}, not in DBQUEUE['QUEUES'] "
-                    f"({', '.join(conf.QUEUES)})"
-                )
-        using = conf.DATABASE
-        if connections[using].vendor != "postgresql":
-            raise CommandError(
-                f"database {using!r} is {connections[using].vendor}; django-dbqueue needs PostgreSQL"
-            )
+        queues = options["queues"] or list(conf.QUEUES)
+        using = queue_database()  # PostgreSQL and migrated, before any thread starts
         worker_kwargs = {
             "queues": queues,
             "concurrency": options["concurrency"] or conf.CONCURRENCY,

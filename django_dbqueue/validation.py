@@ -1,0 +1,142 @@
+"""The rules every argument of django-dbqueue obeys, written once, worded once.
+
+``enqueue``/``enqueue_many``, ``@job``, the ``SCHEDULE`` parser and the system checks all call
+these. Each validator returns the (normalised) value or raises ``error`` (the caller's own class:
+``EnqueueError``, ``JobRegistrationError``, ``ScheduleError``; ``ValueError`` by default) with a
+message that starts with ``label``, says what the value must be and shows what it was, so the
+same mistake reads the same wherever it is made.
+
+The rules are plain Python, unit-tested without a database.
+"""
+
+import datetime
+import math
+import numbers
+import reprlib
+
+from .states import MAX_PRIORITY, MIN_PRIORITY
+
+INT32_MAX = 2**31 - 1  # the integer columns (max_attempts, attempt) are PostgreSQL int4
+MAX_QUEUE_NAME = 100  # dbqueue_job.queue is varchar(100)
+MAX_TYPE_NAME = 200  # dbqueue_job.type and dbqueue_schedule.name are varchar(200)
+MAX_KEY = 300  # dbqueue_job.idempotency_key and dbqueue_delivery.key are varchar(300)
+# No number of seconds handed to PostgreSQL is larger: ten years, far inside what interval and
+# timestamptz arithmetic can carry, and far outside any schedule a queue is for.
+MAX_SECONDS = 10 * 365 * 86400
+
+_short = reprlib.Repr()
+_short.maxstring = 60
+_short.maxother = 60
+_short.maxlevel = 3
+
+
+def shown(value):
+    """``repr(value)`` cut short, and never failing: an int over Python's digit limit or a
+    structure nested too deep for ``repr`` is described instead of raising again."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {len_digits(value)} digits"
+    try:
+        return _short.repr(value)
+    except (ValueError, RecursionError):
+        return f"a {type(value).__name__} that cannot be shown"
+
+
+def len_digits(value):
+    """Decimal digits of an int, without converting it to text (which has a digit limit)."""
+    return max(1, math.ceil(abs(value).bit_length() * math.log10(2)))
+
+
+def text_problem(value):
+    """What keeps a str from being stored as PostgreSQL text, or ``None``."""
+    if "\x00" in value:
+        return "contains a NUL character (\\x00), which PostgreSQL cannot store in text"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return (
+                f"contains a lone surrogate ({value[exc.start]!r} at index {exc.start}), which "
+                "is not valid UTF-8"
+            )
+    return None
+
+
+def name(value, label, *, max_length, error=ValueError):
+    """A non-empty str of at most ``max_length`` characters that PostgreSQL can store."""
+    if not isinstance(value, str) or not value or len(value) > max_length:
+        raise error(
+            f"{label} must be a non-empty string of at most {max_length} characters, "
+            f"got {shown(value)}"
+        )
+    problem = text_problem(value)
+    if problem:
+        raise error(f"{label} {shown(value)} {problem}")
+    return value
+
+
+def queue_name(value, label="queue", error=ValueError):
+    return name(value, label, max_length=MAX_QUEUE_NAME, error=error)
+
+
+def type_name(value, label="job type name", error=ValueError):
+    return name(value, label, max_length=MAX_TYPE_NAME, error=error)
+
+
+def key(value, label="idempotency_key", error=ValueError):
+    return name(value, label, max_length=MAX_KEY, error=error)
+
+
+def integer(value, label, *, minimum, maximum=INT32_MAX, error=ValueError):
+    """An ``int`` (not a bool, not a float that happens to be whole) in ``minimum..maximum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise error(f"{label} must be an integer from {minimum} to {maximum}, got {shown(value)}")
+    return int(value)
+
+
+def priority(value, label="priority", error=ValueError):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (MIN_PRIORITY <= value <= MAX_PRIORITY)
+    ):
+        raise error(
+            f"{label} must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY} (higher runs "
+            f"first), got {shown(value)}"
+        )
+    return value
+
+
+def max_attempts(value, label="max_attempts", error=ValueError):
+    return integer(value, label, minimum=1, error=error)
+
+
+def seconds(
+    value,
+    label,
+    *,
+    positive=False,
+    maximum=MAX_SECONDS,
+    timedelta=True,
+    error=ValueError,
+):
+    """A finite number of seconds (int, float or, with ``timedelta``, a ``timedelta``) from 0
+    (exclusive with ``positive``) to ``maximum``; returned as a float."""
+    if timedelta and isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    what = "a number of seconds or a timedelta" if timedelta else "a number of seconds"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error(f"{label} must be {what}, got {shown(value)}")
+    bound = (
+        f"greater than 0 and at most {_plain(maximum)}"
+        if positive
+        else f"from 0 to {_plain(maximum)}"
+    )
+    # `not (a <= v <= b)` is also true of NaN, and inf is past any maximum: both would fail in
+    # SQL (or in interval arithmetic) far from the call that passed them.
+    if not (0 < value <= maximum if positive else 0 <= value <= maximum):
+        raise error(f"{label} must be {what} {bound}, got {shown(value)}")
+    return float(value)
+
+
+def _plain(number):
+    return str(int(number)) if float(number).is_integer() else f"{number:g}"

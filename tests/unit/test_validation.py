@@ -1,0 +1,103 @@
+"""The shared validators: one wording per mistake, whoever makes it."""
+
+import datetime
+
+import pytest
+
+from django_dbqueue import validation
+from django_dbqueue.exceptions import EnqueueError
+
+
+class Custom(ValueError):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: validation.priority(5.0),
+            "priority must be an integer from -100 to 100 (higher runs first), got 5.0",
+        ),
+        (
+            lambda: validation.priority(True),
+            "priority must be an integer from -100 to 100 (higher runs first), got True",
+        ),
+        (
+            lambda: validation.max_attempts(2**31),
+            "max_attempts must be an integer from 1 to 2147483647, got 2147483648",
+        ),
+        (
+            lambda: validation.max_attempts(10**5000),
+            "max_attempts must be an integer from 1 to 2147483647, got an integer of 5001 digits",
+        ),
+        (
+            lambda: validation.queue_name(""),
+            "queue must be a non-empty string of at most 100 characters, got ''",
+        ),
+        (
+            lambda: validation.queue_name(1.5),
+            "queue must be a non-empty string of at most 100 characters, got 1.5",
+        ),
+        (
+            lambda: validation.key("a\x00b"),
+            "idempotency_key 'a\\x00b' contains a NUL character (\\x00), which PostgreSQL cannot "
+            "store in text",
+        ),
+        (
+            lambda: validation.type_name("x\udfff"),
+            "job type name 'x\\udfff' contains a lone surrogate ('\\udfff' at index 1), which is "
+            "not valid UTF-8",
+        ),
+        (
+            lambda: validation.type_name(["a"]),
+            "job type name must be a non-empty string of at most 200 characters, got ['a']",
+        ),
+        (
+            lambda: validation.seconds(float("inf"), "delay"),
+            "delay must be a number of seconds or a timedelta from 0 to 315360000, got inf",
+        ),
+        (
+            lambda: validation.seconds(float("nan"), "delay"),
+            "delay must be a number of seconds or a timedelta from 0 to 315360000, got nan",
+        ),
+        (
+            lambda: validation.seconds(datetime.timedelta(days=999_999_999), "delay"),
+            "delay must be a number of seconds or a timedelta from 0 to 315360000, got "
+            "86399999913600.0",
+        ),
+        (
+            lambda: validation.seconds(0, "lease", positive=True, maximum=86400, timedelta=False),
+            "lease must be a number of seconds greater than 0 and at most 86400, got 0",
+        ),
+    ],
+)
+def test_each_mistake_has_one_wording(call, message):
+    with pytest.raises(ValueError) as caught:
+        call()
+    assert str(caught.value) == message
+
+
+def test_the_caller_chooses_the_error_class_and_the_label():
+    with pytest.raises(Custom, match=r"^@job\('x'\): priority must be an integer"):
+        validation.priority(101, "@job('x'): priority", error=Custom)
+    with pytest.raises(EnqueueError):
+        validation.key("", error=EnqueueError)
+
+
+def test_valid_values_come_back_normalised():
+    assert validation.seconds(datetime.timedelta(minutes=1), "delay") == 60.0
+    assert validation.seconds(3, "delay") == 3.0
+    assert validation.max_attempts(2**31 - 1) == 2**31 - 1
+    assert validation.priority(-100) == -100
+    assert validation.key("k" * 300) == "k" * 300
+    assert validation.queue_name("é-queue") == "é-queue"
+
+
+def test_shown_never_raises():
+    deep = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert validation.shown(deep)  # reprlib stops at its level limit
+    assert validation.shown(10**10_000) == "an integer of 10001 digits"
+    assert len(validation.shown("x" * 10_000)) < 80
