@@ -35,8 +35,8 @@ class Acknowledger(threading.Thread):
         # so an error history or a dead letter is never lost.
         self.session = session if session is not None else using
         self._cond = threading.Condition()
-        self._done = []  # (ctx, result_json)
-        self._failed = []  # (ctx, error dict, delay, dead)
+        self._done = []  # (ctx, result_json, duration)
+        self._failed = []  # (ctx, error dict, delay, dead, duration)
         self._closing = False
         self.succeeded = 0
         self.failed = 0
@@ -44,23 +44,24 @@ class Acknowledger(threading.Thread):
         self.dead = 0
 
     # -- called by handler threads -------------------------------------------------------------
-    def succeed(self, ctx, result_json=None):
-        """Buffer a success; ``result_json`` is the handler's return value, already encoded."""
+    def succeed(self, ctx, result_json=None, duration=None):
+        """Buffer a success; ``result_json`` is the handler's return value, already encoded;
+        ``duration`` (seconds of the run) goes to the ``job_succeeded`` signal."""
         with self._cond:
-            self._done.append((ctx, result_json))
+            self._done.append((ctx, result_json, duration))
             if len(self._done) == 1 or len(self._done) >= self.batch:
                 self._cond.notify()
 
-    def fail(self, ctx, error, *, delay, dead=False):
+    def fail(self, ctx, error, *, delay, dead=False, duration=None):
         with self._cond:
-            self._failed.append((ctx, error, delay, dead))
+            self._failed.append((ctx, error, delay, dead, duration))
             self._cond.notify()
 
-    def committed(self, ctx):
+    def committed(self, ctx, duration=None):
         """An atomic handler committed its own completion: count it and send the signal."""
         with self._cond:
             self.succeeded += 1
-        self._signal(signals.job_succeeded, ctx)
+        self._signal(signals.job_succeeded, ctx, duration=duration)
 
     def _signal(self, signal, ctx, **extra):
         signals.send(
@@ -191,10 +192,10 @@ class Acknowledger(threading.Thread):
 
     def _write_done(self, done):
         # In id order, like the heartbeat, so the two never lock the same rows in opposite orders.
-        acks = sorted((c.id, c.attempt, r) for c, r in done)
+        acks = sorted((c.id, c.attempt, r) for c, r, _ in done)
         matched = store.complete(self.session, acks, worker=self.worker_id)
         self.succeeded += len(matched)
-        for ctx, _ in done:
+        for ctx, _, duration in done:
             if ctx.id not in matched:
                 self.fenced += 1
                 logger.warning(
@@ -205,13 +206,13 @@ class Acknowledger(threading.Thread):
                     ctx.attempt,
                 )
             else:
-                self._signal(signals.job_succeeded, ctx)
+                self._signal(signals.job_succeeded, ctx, duration=duration)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug(
                     "dbqueue succeeded job=%s type=%s attempt=%s", ctx.id, ctx.type, ctx.attempt
                 )
 
-    def _write_failure(self, ctx, error, delay, dead):
+    def _write_failure(self, ctx, error, delay, dead, duration=None):
         state = store.fail(
             self.using,
             worker=self.worker_id,
@@ -240,7 +241,7 @@ class Acknowledger(threading.Thread):
                 error["class"],
                 error["message"],
             )
-            self._signal(signals.job_dead, ctx, error=error)
+            self._signal(signals.job_dead, ctx, error=error, duration=duration)
         else:
             self.failed += 1
             logger.warning(
@@ -253,4 +254,4 @@ class Acknowledger(threading.Thread):
                 error["class"],
                 error["message"],
             )
-            self._signal(signals.job_failed, ctx, error=error, retry_in=delay)
+            self._signal(signals.job_failed, ctx, error=error, retry_in=delay, duration=duration)

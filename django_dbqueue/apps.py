@@ -11,6 +11,9 @@ class DBQueueConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from . import checks  # noqa: F401 - registers the system checks
+        from . import joblog
+
+        joblog.connect()  # one INFO line per success, unless django_dbqueue.jobs is silenced
 
         autodiscover_modules("jobs")
         if self._uses_tasks_backend():

@@ -93,7 +93,10 @@ class Heartbeat(threading.Thread):
             record = error_record(exc, attempt=ctx.attempt, worker_id=worker.worker_id)
             record["traceback"] = ""
             worker.acks.fail(
-                ctx, record, delay=worker._retry_delay(registry.get(ctx.type), ctx.attempt)
+                ctx,
+                record,
+                delay=worker._retry_delay(registry.get(ctx.type), ctx.attempt),
+                duration=now - entry.started,  # observability: how long it ran before the timeout
             )
             logger.warning(
                 "dbqueue timeout job=%s type=%s attempt=%s after %gs",
