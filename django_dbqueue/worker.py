@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from django.db import connections, transaction
 
-from . import registry, store
+from . import registry, signals, store, tracing
 from .acks import Acknowledger
 from .conf import get_settings
 from .connections import (
@@ -234,6 +234,18 @@ class Worker:
         ctx = entry.ctx
         entry.started = time.monotonic()
         job_type = registry.get(ctx.type)
+        # Observability contract (signals.py): job_started before the run; every outcome below
+        # passes the run's duration to the acknowledger, which sends it with the outcome signal.
+        signals.send(
+            signals.job_started,
+            ctx.type,
+            job_id=ctx.id,
+            queue=ctx.queue,
+            attempt=ctx.attempt,
+            worker_id=self.worker_id,
+            enqueued_at=ctx.enqueued_at,
+            wait=ctx.wait,
+        )
         try:
             if job_type is None:
                 raise LookupError(
@@ -265,18 +277,20 @@ class Worker:
                 self.note_db_error()
             self._failed(entry, exc, delay=self._retry_delay(job_type, ctx.attempt))
         else:
+            duration = time.monotonic() - entry.started
             if job_type.atomic:
-                self.acks.committed(ctx)  # its completion committed with its writes
+                self.acks.committed(ctx, duration=duration)  # committed with its writes
             elif not (entry.timed_out or entry.lost):
-                self.acks.succeed(ctx, result_json)
+                self.acks.succeed(ctx, result_json, duration=duration)
         finally:
             self._cleanup_connections()
             self._finish(entry)
 
     def _call(self, job_type, ctx, loop):
-        if job_type.is_async:
-            return loop.run_until_complete(job_type.func(ctx))
-        return job_type.func(ctx)
+        with tracing.job_span(ctx):  # a no-op without OpenTelemetry
+            if job_type.is_async:
+                return loop.run_until_complete(job_type.func(ctx))
+            return job_type.func(ctx)
 
     def _run_atomic(self, job_type, ctx, entry, loop):
         with transaction.atomic(using=self.using):
@@ -301,7 +315,8 @@ class Worker:
         if entry.timed_out or entry.lost:
             return  # the timeout or the sweeper already recorded this attempt's end
         record = error_record(exc, attempt=entry.ctx.attempt, worker_id=self.worker_id)
-        self.acks.fail(entry.ctx, record, delay=delay, dead=dead)
+        duration = time.monotonic() - entry.started if entry.started is not None else None
+        self.acks.fail(entry.ctx, record, delay=delay, dead=dead, duration=duration)
 
     @staticmethod
     def _drop_broken_connections():
