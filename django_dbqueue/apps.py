@@ -10,8 +10,10 @@ class DBQueueConfig(AppConfig):
     def ready(self):
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401 - registers the system checks
-        from . import joblog
+        from . import (
+            checks,  # noqa: F401 - registers the system checks
+            joblog,
+        )
 
         joblog.connect()  # one INFO line per success, unless django_dbqueue.jobs is silenced
 

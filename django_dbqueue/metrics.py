@@ -15,10 +15,14 @@ Two sources, one exposition:
 
 Exposed by ``run_jobqueue --metrics-port PORT`` and by :func:`metrics_view` (mount it in your
 URLconf; staff with the view permission on jobs, or ``Authorization: Bearer <METRICS_TOKEN>``).
-The module imports without prometheus_client; using it then says what to install.
+The module imports without prometheus_client, and imports it only when metrics are used: its
+multiprocess mode is chosen when it is first imported, and ``run_jobqueue --processes`` must set
+``PROMETHEUS_MULTIPROC_DIR`` before that (a URLconf that mounts ``metrics_view`` is imported by
+the command's system checks, earlier).
 """
 
 import hmac
+import importlib.util
 import logging
 import os
 import threading
@@ -29,12 +33,6 @@ from django.http import HttpResponse
 from . import signals, store
 from .conf import get_settings
 from .connections import Session
-
-try:
-    import prometheus_client
-    from prometheus_client.core import GaugeMetricFamily
-except ImportError:  # the [prometheus] extra is not installed
-    prometheus_client = None
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -49,9 +47,18 @@ DURATION_BUCKETS = (0.005, 0.025, 0.1, 0.25, 1, 2.5, 10, 30, 60, 300, 1800)
 LABELS = ("type", "queue")
 
 
-def _require():
-    if prometheus_client is None:
-        raise RuntimeError(MISSING)
+def available():
+    """Whether prometheus-client (the ``[prometheus]`` extra) is installed."""
+    return importlib.util.find_spec("prometheus_client") is not None
+
+
+def _client():
+    """prometheus_client, imported on first use; RuntimeError saying what to install."""
+    try:
+        import prometheus_client
+    except ImportError:
+        raise RuntimeError(MISSING) from None
+    return prometheus_client
 
 
 def multiprocess_dir():
@@ -66,7 +73,8 @@ class _WorkerMetrics:
     """The counters and histograms of one process, fed by the job signals."""
 
     def __init__(self):
-        c, h = prometheus_client.Counter, prometheus_client.Histogram
+        client = _client()
+        c, h = client.Counter, client.Histogram
         self.started = c("dbqueue_jobs_started", "Runs started.", LABELS)
         self.succeeded = c("dbqueue_jobs_succeeded", "Runs that succeeded.", LABELS)
         self.failed = c("dbqueue_jobs_failed", "Runs that failed and will be retried.", LABELS)
@@ -116,7 +124,7 @@ def install():
     ``--processes`` child the receivers are inherited.
     """
     global _worker_metrics
-    _require()
+    _client()
     with _lock:
         if _worker_metrics is None:
             metrics = _WorkerMetrics()
@@ -176,6 +184,8 @@ class TableCollector:
             self._session.close()
 
     def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
         rows, ok = self.snapshot()
         up = GaugeMetricFamily("dbqueue_table_up", "1 if the last table query succeeded.")
         up.add_metric([], 1.0 if ok else 0.0)
@@ -228,7 +238,7 @@ class TableCollector:
 def table_collector():
     """This process's table collector (one, so its cache is shared by every scrape)."""
     global _table_collector
-    _require()
+    _client()
     with _lock:
         if _table_collector is None:
             _table_collector = TableCollector()
@@ -238,8 +248,8 @@ def table_collector():
 def exposition_registry():
     """The registry to expose: the table's gauges plus this process's counters, or, in
     multiprocess mode, the counters of every process writing to ``PROMETHEUS_MULTIPROC_DIR``."""
-    _require()
-    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    client = _client()
+    registry = client.CollectorRegistry(auto_describe=False)
     if multiprocess_dir():
         from prometheus_client import multiprocess
 
@@ -254,12 +264,12 @@ class _DefaultRegistry:
     """prometheus_client's default registry (process, platform and our counters) as a collector."""
 
     def collect(self):
-        return prometheus_client.REGISTRY.collect()
+        return _client().REGISTRY.collect()
 
 
 def serve(port, addr="0.0.0.0"):  # noqa: S104 - a metrics port is meant to be scraped
     """Serve ``/metrics`` on ``port`` from a daemon thread; returns ``(server, thread)``."""
-    return prometheus_client.start_http_server(port, addr=addr, registry=exposition_registry())
+    return _client().start_http_server(port, addr=addr, registry=exposition_registry())
 
 
 # The Django view ----------------------------------------------------------------------------------
@@ -289,7 +299,8 @@ def metrics_view(request):
     """
     if not _allowed(request):
         return HttpResponse("forbidden\n", status=403, content_type="text/plain")
-    if prometheus_client is None:
+    if not available():
         return HttpResponse(MISSING + "\n", status=501, content_type="text/plain")
-    body = prometheus_client.generate_latest(exposition_registry())
-    return HttpResponse(body, content_type=prometheus_client.CONTENT_TYPE_LATEST)
+    client = _client()
+    body = client.generate_latest(exposition_registry())
+    return HttpResponse(body, content_type=client.CONTENT_TYPE_LATEST)

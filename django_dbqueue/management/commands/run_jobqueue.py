@@ -107,9 +107,8 @@ class Command(BaseCommand):
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
         from django_dbqueue import metrics
 
-        if metrics.prometheus_client is None:
+        if not metrics.available():
             raise CommandError(f"argument --metrics-port: {metrics.MISSING}")
-        metrics.install()
         try:
             metrics.serve(options["metrics_port"], addr=options["metrics_addr"])
         except OSError as exc:
@@ -117,6 +116,7 @@ class Command(BaseCommand):
                 f"argument --metrics-port: cannot listen on "
                 f"{options['metrics_addr']}:{options['metrics_port']} ({exc})"
             ) from exc
+        metrics.install()  # the counters; forked --processes children inherit the receivers
         self.stdout.write(
             f"dbqueue metrics on http://{options['metrics_addr']}:{options['metrics_port']}/metrics"
         )
