@@ -63,6 +63,9 @@ def _span(ctx):
         context=parent,
         kind=trace.SpanKind.CONSUMER,
         attributes=attributes,
+        # Recorded below instead: the SDK's own recording calls str(exc), which can raise.
+        record_exception=False,
+        set_status_on_exception=False,
     ) as span:
         try:
             yield span
@@ -71,5 +74,16 @@ def _span(ctx):
 
             dead = isinstance(exc, DiscardJob) or ctx.attempt >= ctx.max_attempts
             span.set_attribute("dbqueue.job.outcome", "dead" if dead else "retried")
+            _record(span, exc)
             raise
         span.set_attribute("dbqueue.job.outcome", "succeeded")
+
+
+def _record(span, exc):
+    """Record the handler's exception on its span; a tracing failure never replaces the
+    handler's own error (an exception whose ``__str__`` raises, say)."""
+    try:
+        span.record_exception(exc)
+    except Exception:
+        span.set_attribute("exception.type", type(exc).__qualname__)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__qualname__))
