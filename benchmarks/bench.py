@@ -182,8 +182,16 @@ def ensure_database(db, name):
             print(f"created database {name}")
 
 
-def setup_django(db, *, migrate=True):
+def setup_django(db, *, migrate=True, log_jobs=False):
+    # --log-jobs: the one-line-per-success log on, written to /dev/null, to price it.
+    jobs_logging = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"null": {"class": "logging.FileHandler", "filename": os.devnull}},
+        "loggers": {"django_dbqueue.jobs": {"handlers": ["null"], "level": "INFO"}},
+    }
     settings.configure(
+        **({"LOGGING": jobs_logging} if log_jobs else {}),
         DEBUG=False,
         SECRET_KEY="django-dbqueue-bench-not-a-secret",
         DATABASES={"default": db},
@@ -841,6 +849,11 @@ def parse_args(argv=None):
         "--gap", type=float, default=0.02, help="seconds between wake-up jobs (default 0.02)"
     )
     parser.add_argument(
+        "--log-jobs",
+        action="store_true",
+        help="log one line per success (django_dbqueue.jobs at INFO, to /dev/null)",
+    )
+    parser.add_argument(
         "--only",
         default="drain,enqueue,wakeup",
         help="comma-separated workloads to run (default: drain,enqueue,wakeup)",
@@ -891,7 +904,7 @@ def main(argv=None):
         return producer_main(args)
     db = bench_database(args)
     ensure_database(db, args.database)
-    setup_django(db)
+    setup_django(db, log_jobs=args.log_jobs)
     child_args = ["--database", args.database, "--synchronous-commit", args.synchronous_commit]
     if args.django_prepared:
         child_args.append("--django-prepared")

@@ -27,6 +27,7 @@ class _Failure:
     delay: float
     dead: bool = False
     unknown_type: bool = False
+    duration: float | None = None  # seconds the run took, for the outcome's signal
     tries: int = 0  # writes refused for a reason other than the connection
 
 
@@ -40,7 +41,7 @@ class Acknowledger:
         self.unknown_type_delay = unknown_type_delay
         self.unknown_type_grace = unknown_type_grace
         self._lock = threading.Lock()
-        self._done = []  # (entry, result_json)
+        self._done = []  # (entry, result_json, duration)
         self._failed: list[_Failure] = []
         self.on_ready = lambda: None  # set by the worker: wakes its loop
         self.succeeded = 0
@@ -50,24 +51,25 @@ class Acknowledger:
         self.deferred = 0
 
     # -- called by handler threads -------------------------------------------------------------
-    def succeed(self, entry, result_json=None):
-        """Buffer a success; ``result_json`` is the handler's return value, already encoded."""
+    def succeed(self, entry, result_json=None, duration=None):
+        """Buffer a success; ``result_json`` is the handler's return value, already encoded;
+        ``duration`` (seconds of the run) goes to the ``job_succeeded`` signal."""
         with self._lock:
-            self._done.append((entry, result_json))
+            self._done.append((entry, result_json, duration))
             wake = len(self._done) == 1 or len(self._done) >= self.batch
         if wake:
             self.on_ready()
 
-    def fail(self, entry, error, *, delay, dead=False, unknown_type=False):
+    def fail(self, entry, error, *, delay, dead=False, unknown_type=False, duration=None):
         with self._lock:
-            self._failed.append(_Failure(entry, error, delay, dead, unknown_type))
+            self._failed.append(_Failure(entry, error, delay, dead, unknown_type, duration))
         self.on_ready()
 
-    def committed(self, entry):
+    def committed(self, entry, duration=None):
         """An atomic handler committed its own completion: count it and send the signal."""
         with self._lock:
             self.succeeded += 1
-        self._signal(signals.job_succeeded, entry.ctx)
+        self._signal(signals.job_succeeded, entry.ctx, duration=duration)
 
     # -- called by the claim loop --------------------------------------------------------------
     def pending(self):
@@ -81,7 +83,7 @@ class Acknowledger:
     def pending_keys(self):
         """``(id, token)`` of every buffered outcome: their leases must be kept until written."""
         with self._lock:
-            return [e.key for e, _ in self._done] + [f.entry.key for f in self._failed]
+            return [e.key for e, _, _ in self._done] + [f.entry.key for f in self._failed]
 
     def flush_once(self, db):
         """Write what is buffered on ``db``. Returns the number of outcomes written.
@@ -111,7 +113,7 @@ class Acknowledger:
     # -- writes --------------------------------------------------------------------------------
     def _write_done(self, db, done):
         # In id order, like the heartbeat, so the two never lock the same rows in opposite orders.
-        acks = sorted((e.ctx.id, e.token, r) for e, r in done)
+        acks = sorted((e.ctx.id, e.token, r) for e, r, _ in done)
         try:
             matched = store.complete(db, acks, async_commit=self.async_commit)
         except DB_ERRORS:
@@ -135,13 +137,13 @@ class Acknowledger:
             for item in done:
                 written += self._write_done(db, [item])
             return written
-        missing = [e for e, _ in done if e.ctx.id not in matched]
+        missing = [e for e, _, _ in done if e.ctx.id not in matched]
         if missing:
             matched |= self._read_back(db, missing, "done")
-        for entry, _ in done:
+        for entry, _, duration in done:
             if entry.ctx.id in matched:
                 self.succeeded += 1
-                self._signal(signals.job_succeeded, entry.ctx)
+                self._signal(signals.job_succeeded, entry.ctx, duration=duration)
             else:
                 self._fenced(entry, "completion")
             if logger.isEnabledFor(logging.DEBUG):
@@ -228,7 +230,7 @@ class Acknowledger:
                 error["class"],
                 error["message"],
             )
-            self._signal(signals.job_dead, ctx, error=error)
+            self._signal(signals.job_dead, ctx, error=error, duration=failure.duration)
         elif failure.unknown_type:
             self.deferred += 1
             logger.warning(
@@ -251,7 +253,13 @@ class Acknowledger:
                 error["class"],
                 error["message"],
             )
-            self._signal(signals.job_failed, ctx, error=error, retry_in=failure.delay)
+            self._signal(
+                signals.job_failed,
+                ctx,
+                error=error,
+                retry_in=failure.delay,
+                duration=failure.duration,
+            )
 
     def _fenced(self, entry, what):
         self.fenced += 1

@@ -10,7 +10,12 @@ class DBQueueConfig(AppConfig):
     def ready(self):
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks  # noqa: F401 - registers the system checks
+        from . import (
+            checks,  # noqa: F401 - registers the system checks
+            joblog,
+        )
+
+        joblog.connect()  # one INFO line per success, unless django_dbqueue.jobs is silenced
 
         autodiscover_modules("jobs")
         if self._uses_tasks_backend():

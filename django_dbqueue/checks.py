@@ -135,6 +135,11 @@ _RULES = {
         lambda v: _number(v, minimum=0, exclusive=True),
         "a number of seconds > 0",
     ),
+    "METRICS_CACHE": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
+    "METRICS_TOKEN": (
+        lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
+        "None or a string of at least 16 characters",
+    ),
 }
 assert set(_RULES) == set(DEFAULTS), "every setting needs a check rule"
 

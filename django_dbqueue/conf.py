@@ -43,6 +43,8 @@ DEFAULTS = {
     "DEAD_RETENTION": None,  # seconds a dead job is kept; None = until a person acts
     "SCHEDULE": {},  # name -> periodic job entry (docs/periodic.md)
     "SCHEDULE_INTERVAL": 1.0,  # seconds between each worker's scheduler passes
+    "METRICS_CACHE": 10.0,  # seconds a process reuses its table gauges between scrapes
+    "METRICS_TOKEN": None,  # bearer token that metrics_view accepts instead of a staff login
 }
 
 

@@ -8,7 +8,9 @@ class JobContext:
 
     ``id``, ``type``, ``queue``, ``payload`` (the decoded JSON), ``attempt`` (1 on the first run),
     ``max_attempts``, ``idempotency_key`` (or ``None``), ``priority``, ``enqueued_at``,
-    ``worker_id`` and ``using`` (the database alias of the queue).
+    ``worker_id``, ``using`` (the database alias of the queue), ``wait`` (seconds from the moment
+    the job came due to its claim) and ``traceparent`` (the enqueuer's W3C trace context, or
+    ``None``).
     """
 
     __slots__ = (
@@ -21,8 +23,10 @@ class JobContext:
         "payload",
         "priority",
         "queue",
+        "traceparent",
         "type",
         "using",
+        "wait",
         "worker_id",
     )
 
@@ -37,6 +41,8 @@ class JobContext:
         self.idempotency_key = row.idempotency_key
         self.priority = row.priority
         self.enqueued_at = row.created_at
+        self.wait = row.wait
+        self.traceparent = row.traceparent
         self.worker_id = worker_id
         self.using = using
 

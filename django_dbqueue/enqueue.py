@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from . import payloads, registry, store, validation
+from . import payloads, registry, store, tracing, validation
 from .conf import get_settings
 from .exceptions import EnqueueError, UnknownJobType, UnsupportedDatabase
 
@@ -143,6 +143,9 @@ def enqueue(
     ``run_after`` (aware datetime) or ``delay`` (seconds or timedelta) schedules the job.
     ``queue``, ``priority`` (-100..100, higher first) and ``max_attempts`` default to the type's.
 
+    **Tracing.** Inside an OpenTelemetry trace (the ``[otel]`` extra), the job records the
+    active span's ``traceparent`` and its run becomes a span of the same trace.
+
     Raises ``UnknownJobType``, ``PayloadError`` (naming the offending path), ``EnqueueError`` or
     ``UnsupportedDatabase`` before anything is written.
     """
@@ -160,6 +163,9 @@ def enqueue(
         max_attempts=max_attempts,
         conf=conf,
     )
+    traceparent = tracing.current_traceparent()
+    if traceparent is not None:  # only inside an OpenTelemetry trace (docs/observability.md)
+        values["traceparent"] = traceparent
     while True:
         job_id = store.insert_job(using, channel=conf.NOTIFY_CHANNEL, **values)
         if job_id is not None:
@@ -245,7 +251,12 @@ def enqueue_many(jobs, *, using=None):
         "leases": [p["lease"] for p in prepared],
         "keys": [p["key"] for p in prepared],
     }
-    rows = store.insert_jobs(using, channel=conf.NOTIFY_CHANNEL, columns=columns)
+    rows = store.insert_jobs(
+        using,
+        channel=conf.NOTIFY_CHANNEL,
+        columns=columns,
+        traceparent=tracing.current_traceparent(),
+    )
     # RETURNING order is not guaranteed; rows without a key map back by insertion order, which
     # INSERT ... SELECT ... ORDER BY preserves for the id sequence.
     keyed = {key: job_id for job_id, key, _ in rows if key is not None}

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 from django.db import DatabaseError, close_old_connections, connections, transaction
 
-from . import registry, store
+from . import registry, store, tracing
 from .connections import close_side_connections, discard_connection
 from .context import JobContext
 from .exceptions import DiscardJob, RetryJob
@@ -50,6 +50,7 @@ class Outcome:
     result: str | None = None
     error: dict | None = None
     delay: float = 0.0
+    duration: float | None = None  # seconds the run took, measured by the pool
 
 
 class _FencedOut(Exception):
@@ -68,6 +69,11 @@ def retry_delay(job_type, attempt, conf):
 
 
 def _call(job_type, ctx, loop, timeout):
+    with tracing.job_span(ctx):  # a no-op without OpenTelemetry
+        return _call_handler(job_type, ctx, loop, timeout)
+
+
+def _call_handler(job_type, ctx, loop, timeout):
     if not job_type.is_async:
         return job_type.func(ctx)
     coroutine = job_type.func(ctx)
@@ -242,6 +248,7 @@ class ThreadPool:
                     loop = asyncio.new_event_loop()
                 try:
                     hygiene.before()
+                    worker.started(entry)
                     outcome = run_handler(
                         entry.ctx,
                         entry.token,
@@ -250,6 +257,7 @@ class ThreadPool:
                         loop=loop,
                         given_up=lambda e=entry: e.given_up,
                     )
+                    outcome.duration = time.monotonic() - entry.started
                     worker.settle(entry, outcome)
                 except Exception:  # a bug of ours: log it, keep the thread alive
                     logger.exception("dbqueue: internal error running job=%s", entry.ctx.id)
@@ -285,6 +293,8 @@ def _row_to_json(ctx, token):
             "idempotency_key": ctx.idempotency_key,
             "priority": ctx.priority,
             "created_at": ctx.enqueued_at.isoformat() if ctx.enqueued_at else None,
+            "wait": ctx.wait,
+            "traceparent": ctx.traceparent,
         }
     ).encode()
 
@@ -400,6 +410,7 @@ class ProcessPool(ThreadPool):
                 try:
                     if child is None or not child.process.is_alive():
                         child = _Child(self.context, worker.worker_id)
+                    worker.started(entry)
                     outcome = self._run_in(child, entry)
                     if outcome is None:  # the child died: killed at the timeout, or crashed
                         code = child.process.exitcode
@@ -419,6 +430,7 @@ class ProcessPool(ThreadPool):
                             ),
                             delay=retry_delay(job_type, entry.ctx.attempt, worker.conf),
                         )
+                    outcome.duration = time.monotonic() - entry.started
                     worker.settle(entry, outcome)
                 except Exception:
                     logger.exception("dbqueue: internal error running job=%s", entry.ctx.id)

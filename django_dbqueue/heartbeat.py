@@ -9,6 +9,7 @@ thread that is still stuck in it.
 """
 
 import logging
+import time
 
 from . import registry, store
 from .outcomes import error_record
@@ -61,7 +62,7 @@ class Heartbeat:
             delay = worker.retry_delay(registry.get(ctx.type), ctx.attempt)
             # The outcome is written for this attempt now; the run's own outcome, if it ever
             # returns, is discarded (the entry is given up).
-            worker.acks.fail(entry, record, delay=delay)
+            worker.acks.fail(entry, record, delay=delay, duration=time.monotonic() - entry.started)
             logger.warning(
                 "dbqueue timeout job=%s type=%s attempt=%s after %gs",
                 ctx.id,

@@ -47,6 +47,9 @@ class BackgroundJob(models.Model):
     created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The W3C ``traceparent`` of the trace that enqueued the job (docs/observability.md); NULL
+    # when no trace was active, which is every enqueue without OpenTelemetry.
+    traceparent = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "dbqueue_job"

@@ -6,6 +6,13 @@ registered. Keyword arguments: ``job_id``, ``job_type`` (the name), ``queue``, `
 ``worker_id``; ``job_failed`` and ``job_dead`` add ``error`` (a dict: class, message, traceback)
 and ``job_failed`` adds ``retry_in`` (seconds). A receiver that raises is logged and does not
 disturb the worker or the other receivers.
+
+``job_started`` is sent by the handler thread just before the handler runs, with ``enqueued_at``
+(the row's creation time) and ``wait`` (seconds from the moment the job was due, its
+``run_after``, to the claim). ``job_succeeded``, ``job_failed`` and ``job_dead`` carry
+``duration``: seconds the handler ran, or ``None`` when no run was timed (a lease that expired
+and was swept). Receivers of ``job_started`` run on the handler thread, before the handler:
+keep them quick. The others run on the worker's acknowledgement thread after the commit.
 """
 
 import logging
@@ -14,6 +21,7 @@ from django.dispatch import Signal
 
 logger = logging.getLogger("django_dbqueue")
 
+job_started = Signal()  # a handler is about to run
 job_succeeded = Signal()
 job_failed = Signal()  # the attempt failed and the job will be retried
 job_dead = Signal()  # the job is in the dead letters

@@ -12,38 +12,58 @@ Time is always the database's ``now()``, never a worker's clock.
 # (ON CONFLICT makes "at most one job per key" hold under a race: the second inserter waits for
 # the first to commit, then inserts and notifies nothing), and due now or scheduled. The plain
 # variant is what nearly every enqueue runs, and the server parses and plans a statement with
-# fewer parameters and no expressions measurably faster.
+# fewer parameters and no expressions measurably faster. Each has a traced twin (``_TRACED``)
+# that also stores the enqueuer's W3C traceparent; the untraced ones leave the column out, so an
+# enqueue outside a trace binds nothing more than it did before tracing existed.
 _INSERT_JOB = """
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
-    lease_seconds, idempotency_key, errors, created_at
+    lease_seconds, idempotency_key, errors, created_at{trace_column}
 )
 VALUES (
     %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s, {run_after},
-    0, %(max_attempts)s, %(lease)s, {key}, '[]'::jsonb, now()
+    0, %(max_attempts)s, %(lease)s, {key}, '[]'::jsonb, now(){trace_value}
 )
 {conflict}RETURNING id, pg_notify(%(channel)s, queue)::text
 """
 _SCHEDULED = "COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second')"
 _ON_CONFLICT = "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING\n"
 
-INSERT_JOB = _INSERT_JOB.format(run_after="now()", key="NULL", conflict="")
-INSERT_JOB_SCHEDULED = _INSERT_JOB.format(run_after=_SCHEDULED, key="NULL", conflict="")
-INSERT_JOB_WITH_KEY = _INSERT_JOB.format(run_after="now()", key="%(key)s", conflict=_ON_CONFLICT)
+_UNTRACED = {"trace_column": "", "trace_value": ""}
+_TRACED = {"trace_column": ", traceparent", "trace_value": ", %(traceparent)s"}
+
+INSERT_JOB = _INSERT_JOB.format(run_after="now()", key="NULL", conflict="", **_UNTRACED)
+INSERT_JOB_SCHEDULED = _INSERT_JOB.format(
+    run_after=_SCHEDULED, key="NULL", conflict="", **_UNTRACED
+)
+INSERT_JOB_WITH_KEY = _INSERT_JOB.format(
+    run_after="now()", key="%(key)s", conflict=_ON_CONFLICT, **_UNTRACED
+)
 INSERT_JOB_SCHEDULED_WITH_KEY = _INSERT_JOB.format(
-    run_after=_SCHEDULED, key="%(key)s", conflict=_ON_CONFLICT
+    run_after=_SCHEDULED, key="%(key)s", conflict=_ON_CONFLICT, **_UNTRACED
+)
+INSERT_JOB_TRACED = _INSERT_JOB.format(run_after="now()", key="NULL", conflict="", **_TRACED)
+INSERT_JOB_SCHEDULED_TRACED = _INSERT_JOB.format(
+    run_after=_SCHEDULED, key="NULL", conflict="", **_TRACED
+)
+INSERT_JOB_WITH_KEY_TRACED = _INSERT_JOB.format(
+    run_after="now()", key="%(key)s", conflict=_ON_CONFLICT, **_TRACED
+)
+INSERT_JOB_SCHEDULED_WITH_KEY_TRACED = _INSERT_JOB.format(
+    run_after=_SCHEDULED, key="%(key)s", conflict=_ON_CONFLICT, **_TRACED
 )
 
-# The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs.
-INSERT_JOBS = """
+# The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs. Every job of
+# one batch shares the enqueuer's trace context; the traced twin binds it once.
+_INSERT_JOBS = """
 WITH inserted AS (
     INSERT INTO dbqueue_job (
         type, queue, payload, state, priority, run_after, attempts, max_attempts,
-        lease_seconds, idempotency_key, errors, created_at
+        lease_seconds, idempotency_key, errors, created_at{trace_column}
     )
     SELECT u.type, u.queue, u.payload::jsonb, 'pending', u.priority,
            COALESCE(u.run_after, now() + u.delay * interval '1 second'),
-           0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now()
+           0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now(){trace_value}
     FROM unnest(
         %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
         %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
@@ -56,6 +76,8 @@ WITH inserted AS (
 )
 SELECT id, idempotency_key, pg_notify(%(channel)s, queue)::text FROM inserted
 """
+INSERT_JOBS = _INSERT_JOBS.format(**_UNTRACED)
+INSERT_JOBS_TRACED = _INSERT_JOBS.format(**_TRACED)
 
 # Which jobs already hold these idempotency keys (the ones ON CONFLICT skipped).
 SELECT_IDS_BY_KEYS = """
@@ -78,6 +100,8 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 # - commit_mode sets synchronous_commit for this statement's transaction only (%(commit)s is
 #   'off' with ASYNC_COMMIT, else NULL: the server's setting). A session-wide SET would leak to
 #   other clients through a transaction pooler; this travels with the statement.
+# - It returns how long each job waited since it came due (run_after: enqueue, schedule or
+#   retry), in database time, for the job_started signal and the wait metrics.
 CLAIM_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -107,7 +131,8 @@ SET state = 'running',
 FROM candidates, commit_mode
 WHERE j.id = candidates.id
 RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.lease_seconds,
-          j.idempotency_key, j.priority, j.created_at
+          j.idempotency_key, j.priority, j.created_at,
+          EXTRACT(EPOCH FROM now() - j.run_after)::float8, j.traceparent
 """
 
 # Batched acknowledgement of successes. Fenced by (id, lease token) and state: a worker whose
@@ -381,6 +406,51 @@ UNION ALL
 SELECT queue, 'dead', count(*), 0, NULL, 0
 FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
 ORDER BY 1, 2
+"""
+
+# Metrics ---------------------------------------------------------------------------------------
+# Every gauge of the table in one statement, as (kind, name, label, value) rows: per queue the due,
+# scheduled, running, stuck and dead jobs and the oldest due job's age; per worker holding jobs
+# the jobs it holds and the seconds since its last heartbeat (a lease is extended to now() + lease,
+# so leased_until - lease is when it was last extended); the unconfirmed delivery records. Like
+# STATUS_COUNTS, each part reads one state through that state's partial index (claim, lease,
+# dead-per-queue, unconfirmed deliveries), never the finished rows, so the cost follows the live
+# backlog and not the history. Done, sent and failed rows are left out for that reason: counting
+# them would scan what retention keeps; the workers' counters say how many finished.
+METRICS_SNAPSHOT = """
+SELECT 'queue', p.queue, v.label, v.value
+FROM (
+    SELECT queue,
+           count(*) FILTER (WHERE run_after <= now()) AS due,
+           count(*) FILTER (WHERE run_after > now()) AS scheduled,
+           EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now())) AS oldest
+    FROM dbqueue_job WHERE state = 'pending' GROUP BY queue
+) AS p
+CROSS JOIN LATERAL (VALUES ('due', p.due::float8), ('scheduled', p.scheduled::float8),
+                           ('oldest_due_seconds', p.oldest::float8)) AS v(label, value)
+UNION ALL
+SELECT 'queue', r.queue, v.label, v.value
+FROM (
+    SELECT queue, count(*) AS running, count(*) FILTER (WHERE leased_until < now()) AS stuck
+    FROM dbqueue_job WHERE state = 'running' GROUP BY queue
+) AS r
+CROSS JOIN LATERAL (VALUES ('running', r.running::float8), ('stuck', r.stuck::float8))
+    AS v(label, value)
+UNION ALL
+SELECT 'queue', queue, 'dead', count(*)::float8 FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+UNION ALL
+SELECT 'worker', w.worker_id, v.label, v.value
+FROM (
+    SELECT worker_id, count(*) AS jobs,
+           EXTRACT(EPOCH FROM now() - max(leased_until - lease_seconds * interval '1 second'))
+               AS heartbeat_age
+    FROM dbqueue_job WHERE state = 'running' GROUP BY worker_id
+) AS w
+CROSS JOIN LATERAL (VALUES ('jobs', w.jobs::float8), ('heartbeat_age_seconds',
+                                                       w.heartbeat_age::float8)) AS v(label, value)
+UNION ALL
+SELECT 'delivery', 'recorded', 'count', count(*)::float8
+FROM dbqueue_delivery WHERE state = 'recorded'
 """
 
 # Scheduler -------------------------------------------------------------------------------------

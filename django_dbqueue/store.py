@@ -31,6 +31,8 @@ class ClaimedRow:
     idempotency_key: str | None
     priority: int
     created_at: object
+    wait: float = 0.0  # seconds from run_after (due) to the claim, in database time
+    traceparent: str | None = None  # the enqueuer's W3C trace context, if it had one
 
 
 def _execute(db, statement, params):
@@ -45,7 +47,9 @@ def _execute(db, statement, params):
 def insert_job(using, *, channel, **values):
     """Insert one job; returns its id, or ``None`` when its idempotency key already exists."""
     scheduled = values["run_after"] is not None or values["delay"]
-    if values["key"] is None:
+    if values.get("traceparent") is not None:
+        statement = _TRACED_INSERTS[(bool(scheduled), values["key"] is not None)]
+    elif values["key"] is None:
         statement = sql.INSERT_JOB_SCHEDULED if scheduled else sql.INSERT_JOB
     else:
         statement = sql.INSERT_JOB_SCHEDULED_WITH_KEY if scheduled else sql.INSERT_JOB_WITH_KEY
@@ -54,8 +58,19 @@ def insert_job(using, *, channel, **values):
     return rows[0][0] if rows else None
 
 
-def insert_jobs(using, *, channel, columns):
-    """Insert many jobs in one statement; returns ``{index_or_key: id}`` of the rows inserted."""
+_TRACED_INSERTS = {  # (scheduled, keyed) -> statement
+    (False, False): sql.INSERT_JOB_TRACED,
+    (True, False): sql.INSERT_JOB_SCHEDULED_TRACED,
+    (False, True): sql.INSERT_JOB_WITH_KEY_TRACED,
+    (True, True): sql.INSERT_JOB_SCHEDULED_WITH_KEY_TRACED,
+}
+
+
+def insert_jobs(using, *, channel, columns, traceparent=None):
+    """Insert many jobs in one statement; returns ``[(id, key, _), ...]`` of the rows inserted."""
+    if traceparent is not None:
+        params = {"channel": channel, "traceparent": traceparent, **columns}
+        return _execute(using, sql.INSERT_JOBS_TRACED, params)
     return _execute(using, sql.INSERT_JOBS, {"channel": channel, **columns})
 
 
@@ -253,6 +268,13 @@ def status(using, queues=()):
 def ensure_schedule(using, name):
     """Give a new schedule entry its row, starting from now (nothing if it has one)."""
     _execute_no_rows(using, sql.ENSURE_SCHEDULE, {"name": name})
+
+
+def metrics_snapshot(db):
+    """The table's gauges in one statement: ``[(kind, name, label, value), ...]`` with kind
+    ``queue`` (labels due, scheduled, oldest_due_seconds, running, stuck, dead), ``worker``
+    (jobs, heartbeat_age_seconds) or ``delivery`` (recorded). ``db``: an alias or a Session."""
+    return _execute(db, sql.METRICS_SNAPSHOT, {})
 
 
 def lock_schedule(using, name):

@@ -73,6 +73,7 @@ class Sweeper:
                         queue=queue,
                         attempt=attempts,
                         worker_id=worker,
+                        duration=None,  # the run was never timed: its worker died or hung
                         error={
                             "class": "LeaseExpired",
                             "message": "lease expired",

@@ -27,7 +27,7 @@ import time
 
 from django.db import connections
 
-from . import registry, store
+from . import registry, signals, store
 from .acks import Acknowledger
 from .conf import get_settings
 from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session, reset_connection
@@ -209,15 +209,30 @@ class Worker:
     # ---------------------------------------------------------------------------------------
     # Called by the handler pool
     # ---------------------------------------------------------------------------------------
+    def started(self, entry):
+        """A handler takes ``entry``: the ``job_started`` signal (costs nothing unheard)."""
+        if signals.job_started.receivers:
+            ctx = entry.ctx
+            signals.send(
+                signals.job_started,
+                ctx.type,
+                job_id=ctx.id,
+                queue=ctx.queue,
+                attempt=ctx.attempt,
+                worker_id=self.worker_id,
+                enqueued_at=ctx.enqueued_at,
+                wait=ctx.wait,
+            )
+
     def settle(self, entry, outcome):
         """Hand a run's outcome to the acknowledgement buffer (or discard it: given up)."""
-        kind = outcome.kind
+        kind, duration = outcome.kind, outcome.duration
         if kind == "committed":
-            self.acks.committed(entry)
+            self.acks.committed(entry, duration=duration)
         elif entry.given_up:
             return  # timed out, lost or released: that attempt's end is already written
         elif kind == "success":
-            self.acks.succeed(entry, outcome.result)
+            self.acks.succeed(entry, outcome.result, duration=duration)
         elif kind == "fenced":
             self.acks.fenced += 1
             logger.warning(
@@ -234,6 +249,7 @@ class Worker:
                 delay=outcome.delay,
                 dead=kind == "dead",
                 unknown_type=kind == "unknown",
+                duration=duration,
             )
 
     def finished(self, entry):

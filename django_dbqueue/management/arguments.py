@@ -74,3 +74,14 @@ def queue_list(text):
             f"({', '.join(configured)})"
         )
     return queues
+
+
+def port_number(text):
+    """A TCP port, 1 to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
+    return value

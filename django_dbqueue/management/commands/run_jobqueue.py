@@ -1,10 +1,16 @@
-from django.core.management.base import BaseCommand
+import os
+import shutil
+import sys
+import tempfile
+
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from django_dbqueue.conf import get_settings
 from django_dbqueue.management.arguments import (
     MAX_CONCURRENCY,
     MAX_PROCESSES,
+    port_number,
     positive_seconds,
     queue_list,
     whole_number,
@@ -49,6 +55,16 @@ class Command(BaseCommand):
             type=whole_number(1),
             help="Exit after claiming this many jobs.",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            help="Serve Prometheus metrics on this port (needs django-dbqueue[prometheus]).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="0.0.0.0",  # noqa: S104 - a metrics port is meant to be scraped
+            help="Address the metrics port binds to (default 0.0.0.0).",
+        )
 
     def handle(self, *args, **options):
         conf = get_settings()
@@ -70,6 +86,46 @@ class Command(BaseCommand):
             f"database={using} ({where})" + (" burst" if options["burst"] else "")
         )
         out = lambda line: self.stdout.write(line)  # noqa: E731
+        metrics_dir = None
+        if options["metrics_port"] is not None:
+            metrics_dir = self._serve_metrics(options)
+        try:
+            self._run(options, worker_kwargs, out)
+        finally:
+            if metrics_dir is not None:
+                shutil.rmtree(metrics_dir, ignore_errors=True)
+
+    def _serve_metrics(self, options):
+        """Connect the counters and serve /metrics; returns a temporary multiprocess directory
+        this command created (to remove at exit), or None."""
+        created = None
+        if options["processes"] > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            # prometheus_client picks its multiprocess mode when it is imported.
+            if "prometheus_client" in sys.modules:
+                raise CommandError(
+                    "argument --metrics-port: with --processes, set PROMETHEUS_MULTIPROC_DIR to "
+                    "an empty directory (prometheus_client was imported before this command)"
+                )
+            created = tempfile.mkdtemp(prefix="dbqueue-metrics-")
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
+        from django_dbqueue import metrics
+
+        if not metrics.available():
+            raise CommandError(f"argument --metrics-port: {metrics.MISSING}")
+        try:
+            metrics.serve(options["metrics_port"], addr=options["metrics_addr"])
+        except OSError as exc:
+            raise CommandError(
+                f"argument --metrics-port: cannot listen on "
+                f"{options['metrics_addr']}:{options['metrics_port']} ({exc})"
+            ) from exc
+        metrics.install()  # the counters; forked --processes children inherit the receivers
+        self.stdout.write(
+            f"dbqueue metrics on http://{options['metrics_addr']}:{options['metrics_port']}/metrics"
+        )
+        return created
+
+    def _run(self, options, worker_kwargs, out):
         if options["processes"] > 1:
             from django_dbqueue.supervisor import Supervisor
 
