@@ -165,6 +165,45 @@ def settle(admin, name, workers, mode):
     return last
 
 
+def postgres_cpu_seconds():
+    """CPU seconds used so far by every postgres process of this machine (the server's cost)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "postgres":
+                continue
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / TICKS
+
+
+def drain(admin, jobs):
+    """Enqueue ``jobs`` no-op jobs at once and time the fleet draining them; returns
+    ``(jobs/s, jobs per second of PostgreSQL CPU)``."""
+    from django_dbqueue import enqueue_many
+
+    ids = []
+    for start in range(0, jobs, 1000):
+        ids += [j.id for j in enqueue_many([("bench-noop", {})] * min(1000, jobs - start))]
+    cpu, t0 = postgres_cpu_seconds(), time.monotonic()
+    wait_until(
+        lambda: (
+            admin.execute(
+                "SELECT count(*) FROM dbqueue_job WHERE id = ANY(%s) AND state = 'done'", [ids]
+            ).fetchone()[0]
+            == len(ids)
+        ),
+        300,
+        "the drain",
+    )
+    elapsed, pg = time.monotonic() - t0, postgres_cpu_seconds() - cpu
+    return jobs / elapsed, jobs / pg if pg else float("inf")
+
+
 def trickle(jobs, gap):
     from django_dbqueue import enqueue
 
@@ -200,14 +239,23 @@ def run_mode(mode, args, env, admin, logdir):
         "the trickle to be done",
     )
     claims, empty = fleet.stop()
+    claims_per_job = (claims - base_claims) / args.jobs
+    rate = per_core = None
+    if args.drain:
+        fleet = Fleet(mode, args.workers, env, logdir)
+        settle(admin, args.database, args.workers, mode)
+        rate, per_core = drain(admin, args.drain)
+        fleet.stop()
     admin.execute("TRUNCATE dbqueue_job")
     return {
+        "drain_jobs_per_s": rate,
+        "jobs_per_pg_cpu_s": per_core,
         "mode": mode,
         "connections": total,
         "per_process": total / args.workers,
         "listeners": listeners,
         "cpu_per_idle_minute": cpu_per_minute,
-        "claims_per_job": (claims - base_claims) / args.jobs,
+        "claims_per_job": claims_per_job,
         "empty_share": empty / claims if claims else 0.0,
     }
 
@@ -220,6 +268,9 @@ def main(argv=None):
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured")
     parser.add_argument("--database", default="dbqueue_bench_fleet")
     parser.add_argument("--modes", default="separate,group")
+    parser.add_argument(
+        "--drain", type=int, default=20000, help="no-op jobs the fleet drains (0: skip)"
+    )
     args = parser.parse_args(argv)
 
     url = os.environ.get("DATABASE_URL", DEFAULT_URL)
@@ -261,6 +312,14 @@ def main(argv=None):
             f"{r['listeners']:>9} {r['cpu_per_idle_minute']:>14.2f} {r['claims_per_job']:>10.2f}"
             f"   <= 2 conn/process, <= 3 claims/job: {'PASS' if ok else 'MISS'}"
         )
+    if args.drain:
+        print()
+        print(f"the same fleets draining {args.drain} no-op jobs enqueued at once:")
+        for r in results:
+            print(
+                f"{r['mode']:<10} {r['drain_jobs_per_s']:>9,.0f} jobs/s   "
+                f"{r['jobs_per_pg_cpu_s']:>9,.0f} jobs per second of PostgreSQL CPU (one core)"
+            )
 
 
 if __name__ == "__main__":

@@ -70,6 +70,9 @@ class Command(BaseCommand):
         conf = get_settings()
         queues = options["queues"] or list(conf.QUEUES)
         using = queue_database()  # PostgreSQL and migrated, before any thread starts
+        # The check's connection would sit idle for the worker's lifetime: a worker holds only
+        # the connections it uses (docs/deployment.md, "Database connections").
+        connections[using].close()
         worker_kwargs = {
             "queues": queues,
             "concurrency": options["concurrency"] or conf.CONCURRENCY,
