@@ -162,8 +162,12 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             return False  # no Delete button, and the delete page refuses
         return super().has_delete_permission(request, obj)
 
-    def get_actions(self, request):
-        actions = super().get_actions(request)
+    def get_actions(self, request, action_location=None):
+        # Django 6.1 passes action_location (and warns about an override without it); 5.2 doesn't.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)
         actions.pop("delete_selected", None)  # it would delete running jobs: delete_finished
         return actions
 
