@@ -6,7 +6,7 @@ else (Django, psycopg, pytest, ruff, mkdocs, pgserver) lives in virtualenvs that
 script creates under ``.venvs/``.
 
     python3 dev.py test [--fast] [--django 5.2|6.1] [--recreate] [pytest args...]
-    python3 dev.py demo                 # migrate + shop_demo in example_project/
+    python3 dev.py demo [--drop] [shop_demo args]   # the example shop, in a database of its own
     python3 dev.py bench [bench args]   # benchmarks/bench.py
 
 What ``test`` does:
@@ -26,6 +26,12 @@ What ``test`` does:
    exists) mkdocs build --strict in the Django 5.2 venv, then pytest in every venv.
    Every step runs even if an earlier one failed; a summary table is printed at the end and
    the exit status is non-zero if any step failed.
+
+What ``demo`` does: builds ``.venvs/demo`` with only what the example project runs (the package,
+Django 5.2, psycopg, django-environ: ``pip install -e .[example]``), finds a server as above,
+creates the database ``dbqueue_demo`` on it (marked with a comment, so that dev.py never touches
+a database it did not create), migrates it and runs ``shop_demo``. The database is kept for a
+look with the admin; ``--drop`` drops it when the demo is done.
 
 Environment knobs: ``DATABASE_URL``, ``DBQUEUE_EMBEDDED=1``, ``DBQUEUE_NO_UV=1`` (install
 with plain pip instead of uv).
@@ -55,6 +61,10 @@ VENVS = REPO / ".venvs"
 PGDATA = REPO / ".dbqueue-pgdata"
 STAMP_NAME = ".dbqueue-stamp"
 EXTRAS = "test,lint,docs"
+DEMO_EXTRAS = "example"
+DEMO_DATABASE = "dbqueue_demo"
+# COMMENT ON DATABASE of the demo's database: dev.py drops or reuses only a database with it.
+DEMO_MARKER = "created by django-dbqueue's dev.py demo; safe to drop"
 PGSERVER_SPEC = "pgserver>=0.1.4"  # same as the [embedded] extra in pyproject.toml
 # Bump when the install recipe below changes, so existing venvs get rebuilt.
 RECIPE_VERSION = "1"
@@ -73,10 +83,12 @@ class Series:
     requirement: str  # "Django>=5.2,<6.0"
     min_python: tuple[int, int]
     python_candidates: tuple[str, ...]
+    extras: str = EXTRAS
+    purpose: str = ""  # "demo" for the demo's venv; empty for a test venv
 
     @property
     def label(self) -> str:
-        return f"Django {self.key}"
+        return f"Django {self.key}" + (f" ({self.purpose})" if self.purpose else "")
 
     @property
     def venv(self) -> Path:
@@ -88,6 +100,10 @@ SERIES = (
     Series(
         "6.1", "django61", "Django>=6.1,<6.2", (3, 12), ("python3.12", "python3.13", "python3.14")
     ),
+)
+# The demo runs the example project only: no test, lint or docs tools in its venv.
+DEMO_SERIES = Series(
+    "5.2", "demo", "Django>=5.2,<6.0", (3, 11), ("python3.11",), DEMO_EXTRAS, "demo"
 )
 
 
@@ -169,7 +185,7 @@ def needs_psycopg_binary() -> bool:
 
 
 def install_requirements(series: Series) -> list[str]:
-    reqs = ["-e", f".[{EXTRAS}]", series.requirement]
+    reqs = ["-e", f".[{series.extras}]", series.requirement]
     if needs_psycopg_binary():
         reqs.append("psycopg[binary]")
     return reqs
@@ -187,7 +203,7 @@ def find_uv() -> Path | None:
     on_path = shutil.which("uv")
     if on_path:
         return Path(on_path)
-    for s in SERIES:
+    for s in (*SERIES, DEMO_SERIES):
         cand = venv_bin(s.venv, "uv")
         if cand.exists():
             return cand
@@ -260,19 +276,28 @@ def fmt(version: tuple[int, ...]) -> str:
 
 # Runs inside a venv: parses each URL exactly as tests/settings.py does (django-environ's
 # env.db()) and connects with the same parameters Django would pass to psycopg.
-_PROBE = r"""
+_CONNECT_KW = r"""
+import environ
+
+def connect_kw(url):
+    cfg = environ.Env.db_url_config(url)
+    kw = {"dbname": cfg.get("NAME") or "postgres", "connect_timeout": 3}
+    for key, name in (("HOST", "host"), ("PORT", "port"), ("USER", "user"),
+                      ("PASSWORD", "password")):
+        if cfg.get(key):
+            kw[name] = str(cfg[key])
+    kw.update(cfg.get("OPTIONS") or {})
+    return kw
+"""
+
+_PROBE = (
+    _CONNECT_KW
+    + r"""
 import json, sys
-import environ, psycopg
+import psycopg
 for url in json.loads(sys.argv[1]):
     try:
-        cfg = environ.Env.db_url_config(url)
-        kw = {"dbname": cfg.get("NAME") or "postgres", "connect_timeout": 3}
-        for key, name in (("HOST", "host"), ("PORT", "port"), ("USER", "user"),
-                          ("PASSWORD", "password")):
-            if cfg.get(key):
-                kw[name] = str(cfg[key])
-        kw.update(cfg.get("OPTIONS") or {})
-        with psycopg.connect(**kw) as conn:
+        with psycopg.connect(**connect_kw(url)) as conn:
             version = conn.execute("show server_version").fetchone()[0]
         print(json.dumps({"url": url, "version": version}), flush=True)
         sys.exit(0)
@@ -280,6 +305,47 @@ for url in json.loads(sys.argv[1]):
         print(json.dumps({"url": url, "error": str(exc).strip()}), flush=True)
 sys.exit(1)
 """
+)
+
+# Runs inside a venv: creates (or finds) the demo's database, or drops it. It touches only a
+# database that carries DEMO_MARKER as its comment, and connects to the server's database named
+# in the URL (``postgres`` when the URL names the demo's database itself). Prints one word:
+# created, reused, dropped or absent; or an error and exits 1.
+_DEMO_DB = (
+    _CONNECT_KW
+    + r"""
+import sys
+import psycopg
+from psycopg import sql
+url, name, action, marker = sys.argv[1:5]
+kw = connect_kw(url)
+if kw["dbname"] == name:
+    kw["dbname"] = "postgres"
+ident = sql.Identifier(name)
+try:
+    with psycopg.connect(**kw, autocommit=True) as conn:
+        row = conn.execute(
+            "select shobj_description(oid, 'pg_database') from pg_database where datname = %s",
+            [name],
+        ).fetchone()
+        if row is not None and row[0] != marker:
+            sys.exit(f"a database called {name} exists and was not made by dev.py demo; "
+                     "dev.py leaves it alone: drop or rename it yourself")
+        if action == "create" and row is None:
+            conn.execute(sql.SQL("create database {}").format(ident))
+            conn.execute(sql.SQL("comment on database {} is {}").format(ident, sql.Literal(marker)))
+            print("created")
+        elif action == "create":
+            print("reused")
+        elif row is None:
+            print("absent")
+        else:
+            conn.execute(sql.SQL("drop database {} with (force)").format(ident))
+            print("dropped")
+except psycopg.Error as exc:
+    sys.exit(f"could not {action} the database {name}: {str(exc).strip()}")
+"""
+)
 
 # Runs inside a venv: starts pgserver, prints its URI, and keeps it up until stdin closes
 # (dev.py closes it when done; if dev.py dies, the pipe closes and the server stops too).
@@ -625,25 +691,53 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
     return 1 if any(s.status == "FAIL" for s in steps) else 0
 
 
-def run_with_primary(script: list[list[str]], recreate: bool) -> int:
-    """Shared by demo and bench: Django 5.2 venv + a database, then run each command."""
+def prepared_venv(series: Series, recreate: bool) -> Path:
     with checkout_lock("set up the venv"):
-        venv = ensure_venv(SERIES[0], recreate=recreate)
+        venv = ensure_venv(series, recreate=recreate)
     if venv is None:
-        raise SystemExit("dev.py: no Python >= 3.11 found for the Django 5.2 venv")
-    db = find_database(venv)
-    try:
-        env = tool_env(venv, db.url)
-        for cmd in script:
-            full = [str(venv_bin(venv, "python")), *cmd]
-            print(f"\n==> {' '.join(cmd)}", flush=True)
-            rc = subprocess.run(full, cwd=REPO, env=env, check=False).returncode
-            if rc:
-                say(f"{' '.join(cmd)} exited with {rc}")
-                return rc
-        return 0
-    finally:
-        db.close()
+        raise SystemExit(f"dev.py: no Python >= {fmt(series.min_python)} found for the venv")
+    return venv
+
+
+def run_script(venv: Path, script: list[list[str]], database_url: str) -> int:
+    """Run each command with the venv's Python; stop at the first that fails."""
+    env = tool_env(venv, database_url)
+    for cmd in script:
+        full = [str(venv_bin(venv, "python")), *cmd]
+        print(f"\n==> {' '.join(cmd)}", flush=True)
+        rc = subprocess.run(full, cwd=REPO, env=env, check=False).returncode
+        if rc:
+            say(f"{' '.join(cmd)} exited with {rc}")
+            return rc
+    return 0
+
+
+def with_database(url: str, name: str) -> str:
+    """The same server URL, naming database ``name`` (the last segment of the path)."""
+    parts = urllib.parse.urlsplit(url)
+    head = parts.path.rpartition("/")[0] if parts.path.count("/") > 1 else ""
+    return urllib.parse.urlunsplit(parts._replace(path=f"{head}/{name}"))
+
+
+def demo_database(venv: Path, server_url: str, action: str, name: str = DEMO_DATABASE) -> str:
+    """Create (or reuse) or drop the demo's database: "created", "reused", "dropped", "absent".
+
+    Exits with dev.py's message when the server refuses, or when a database of that name exists
+    that dev.py did not create.
+    """
+    py = str(venv_bin(venv, "python"))
+    proc = subprocess.run(
+        [py, "-c", _DEMO_DB, server_url, name, action, DEMO_MARKER],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=REPO,
+    )
+    if proc.returncode:
+        lines = proc.stderr.strip().splitlines()
+        raise SystemExit(f"dev.py: {lines[-1] if lines else f'exit {proc.returncode}'}")
+    return proc.stdout.strip()
 
 
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
@@ -651,9 +745,33 @@ def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
     if not (REPO / manage).exists():
         say(f"{manage} does not exist yet")
         return 1
-    return run_with_primary(
-        [[manage, "migrate", "--noinput"], [manage, "shop_demo", *extra]], args.recreate
-    )
+    venv = prepared_venv(DEMO_SERIES, args.recreate)
+    db = find_database(venv)
+    try:
+        done = demo_database(venv, db.url, "create")
+        demo_url = with_database(db.url, DEMO_DATABASE)
+        how = "created it" if done == "created" else "reusing it from an earlier demo"
+        say(f"demo database: {redact(demo_url)} ({how}; the server's own databases stay untouched)")
+        rc = run_script(
+            venv, [[manage, "migrate", "--noinput"], [manage, "shop_demo", *extra]], demo_url
+        )
+        if args.drop:
+            demo_database(venv, db.url, "drop")
+            say(f"dropped the demo database {DEMO_DATABASE}")
+        elif db.server is not None:
+            say(
+                f"kept the demo database {DEMO_DATABASE} in the embedded server's "
+                f"{PGDATA.relative_to(REPO)}/; `python3 dev.py demo --drop` drops it when done"
+            )
+        else:
+            say(
+                f"kept the demo database {DEMO_DATABASE}: browse it with "
+                f"DATABASE_URL={redact(demo_url)} python example_project/manage.py runserver; "
+                f"drop it with `dropdb {DEMO_DATABASE}` or run `python3 dev.py demo --drop`"
+            )
+        return rc
+    finally:
+        db.close()
 
 
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
@@ -661,7 +779,12 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     if not (REPO / bench).exists():
         say(f"{bench} does not exist yet")
         return 1
-    return run_with_primary([[bench, *extra]], args.recreate)
+    venv = prepared_venv(SERIES[0], args.recreate)
+    db = find_database(venv)
+    try:
+        return run_script(venv, [[bench, *extra]], db.url)
+    finally:
+        db.close()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -684,7 +807,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--django", choices=[s.key for s in SERIES], help="test one Django series only"
     )
     demo = sub.add_parser(
-        "demo", allow_abbrev=False, help="migrate the example project and run shop_demo"
+        "demo",
+        allow_abbrev=False,
+        help="run the example shop end to end in a database of its own",
+        description=f"Create the database {DEMO_DATABASE} (or reuse dev.py's earlier one), "
+        "migrate the example project into it and run shop_demo. Unknown arguments go to "
+        "shop_demo.",
+    )
+    demo.add_argument(
+        "--drop",
+        action="store_true",
+        help=f"drop the database {DEMO_DATABASE} when the demo is done (kept by default)",
     )
     bench = sub.add_parser("bench", allow_abbrev=False, help="run benchmarks/bench.py")
     for p in (test, demo, bench):

@@ -9,6 +9,7 @@ and what it refused.
 import json
 
 from django.contrib import admin, messages
+from django.contrib.admin.actions import delete_selected
 from django.core.paginator import Paginator
 from django.db import DatabaseError
 from django.db.models import Q
@@ -19,7 +20,7 @@ from django.utils.html import format_html, format_html_join
 from . import registry, store
 from .conf import get_settings
 from .models import BackgroundJob, DeadLetter, JobDelivery
-from .states import DeliveryState, JobState
+from .states import FINISHED_STATES, DeliveryState, JobState
 
 COUNT_CAP = 10_000
 
@@ -106,7 +107,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # per-filter counts would scan the whole table
     list_per_page = 50
-    actions = ["requeue", "run_now", "cancel"]
+    actions = ["requeue", "run_now", "cancel", "delete_finished"]
     readonly_fields = [
         "id",
         "type",
@@ -152,6 +153,61 @@ class BackgroundJobAdmin(admin.ModelAdmin):
 
     def has_cancel_permission(self, request):
         return request.user.has_perm("django_dbqueue.cancel_backgroundjob")
+
+    # Deleting: finished jobs only (done, dead, cancelled), behind Django's delete permission.
+    # A pending or running job is work still to do or under way; cancel it first.
+
+    def has_delete_permission(self, request, obj=None):
+        if obj is not None and obj.state not in FINISHED_STATES:
+            return False  # no Delete button, and the delete page refuses
+        return super().has_delete_permission(request, obj)
+
+    def get_actions(self, request, action_location=None):
+        # Django 6.1 passes action_location (and warns about an override without it); 5.2 doesn't.
+        if action_location is None:
+            actions = super().get_actions(request)
+        else:
+            actions = super().get_actions(request, action_location=action_location)
+        actions.pop("delete_selected", None)  # it would delete running jobs: delete_finished
+        return actions
+
+    @admin.action(
+        description="Delete finished jobs (done, dead or cancelled)", permissions=["delete"]
+    )
+    def delete_finished(self, request, queryset):
+        """Django's confirm-then-delete, over the finished jobs of the selection only."""
+        ids = list(queryset.values_list("id", flat=True))
+        finished = queryset.filter(state__in=FINISHED_STATES)
+        refused = len(ids) - finished.count()
+        if refused:
+            self.message_user(
+                request,
+                f"{refused} selected job(s) were left alone: only finished jobs (done, dead or "
+                "cancelled) can be deleted; cancel a pending job first, and let a running one "
+                "finish.",
+                messages.WARNING,
+            )
+        if refused == len(ids):
+            return None
+        return delete_selected(self, request, finished)
+
+    def delete_queryset(self, request, queryset):
+        self._delete_finished(request, list(queryset.values_list("id", flat=True)))
+
+    def delete_model(self, request, obj):
+        self._delete_finished(request, [obj.pk])
+
+    def _delete_finished(self, request, ids):
+        # One DELETE that re-tests the state, and keeps delivery records' job ids (the ORM's
+        # delete would set them to NULL).
+        deleted = store.delete_finished(get_settings().DATABASE, ids)
+        if len(deleted) < len(ids):
+            self.message_user(
+                request,
+                f"{len(ids) - len(deleted)} job(s) were not deleted: they were requeued or are "
+                "gone since they were selected.",
+                messages.WARNING,
+            )
 
     def get_queryset(self, request):
         return super().get_queryset(request).defer("payload", "result")
@@ -255,7 +311,7 @@ class DeadLetterAdmin(BackgroundJobAdmin):
     list_display = ["id", "type", "queue", "attempts_display", "finished_at", "last_error"]
     list_filter = [QueueFilter, TypeFilter]
     ordering = ["-finished_at", "-id"]
-    actions = ["requeue"]
+    actions = ["requeue", "delete_finished"]
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(state=JobState.DEAD)
@@ -312,6 +368,10 @@ class JobDeliveryAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # a record is the only memory that an effect happened: deleting it lets a
+        # retry perform the effect again
 
     def get_search_results(self, request, queryset, search_term):
         return _exact_search(queryset, search_term, "key", id_field="job_id"), False

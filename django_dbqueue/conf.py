@@ -14,7 +14,7 @@ DEFAULTS = {
     "QUEUES": {"default": {}},  # name -> {"concurrency": int | None}
     "DEFAULT_QUEUE": "default",  # queue of a type that names none
     "CONCURRENCY": 10,  # handler threads per worker process
-    "PREFETCH": None,  # jobs claimed ahead of free threads; None = the concurrency
+    "PREFETCH": None,  # jobs claimed ahead of free threads; None = adaptive (see settings.md)
     "POLL_INTERVAL": 2.0,  # seconds between claims when no notification arrives
     "LEASE": 60.0,  # seconds a claim holds a job before the sweeper may take it back
     "HEARTBEAT_INTERVAL": 10.0,  # seconds between lease extensions of running jobs

@@ -324,12 +324,23 @@ RETURNING id
 # many moved and how many were left alone. Requeue and run-now notify the workers.
 
 # Dead or cancelled -> pending, attempts reset. The error history stays: it is the record of
-# what went wrong, and the next failures are appended after it.
+# what went wrong, and the next failures are appended after it. A "Requeued" entry marks where
+# the history starts again at attempt 1 (SET reads the row's old state and attempts); it has
+# the shape of an error entry, so that everything listing errors shows it as it is.
 REQUEUE_JOBS = """
 WITH moved AS (
     UPDATE dbqueue_job
     SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
-        leased_until = NULL, worker_id = NULL
+        leased_until = NULL, worker_id = NULL,
+        errors = errors || jsonb_build_array(jsonb_build_object(
+            'attempt', attempts,
+            'class', 'Requeued',
+            'message', 'requeued from ' || state || ' after ' || attempts
+                       || ' attempt(s); attempts start again at 1',
+            'traceback', '',
+            'worker', NULL,
+            'requeued', true,
+            'at', now()))
     WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('dead', 'cancelled')
     RETURNING id, queue
 )
@@ -350,6 +361,15 @@ SELECT id, pg_notify(%(channel)s, queue)::text FROM moved
 CANCEL_JOBS = """
 UPDATE dbqueue_job SET state = 'cancelled', finished_at = now()
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+RETURNING id
+"""
+
+# Deletes finished jobs (done, dead, cancelled) only: the state test sits in the DELETE itself,
+# so a job requeued since it was selected is left alone. Delivery records keep the job's id (no
+# foreign key in the database), as they do when retention prunes a job.
+DELETE_FINISHED_JOBS = """
+DELETE FROM dbqueue_job
+WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('done', 'dead', 'cancelled')
 RETURNING id
 """
 

@@ -222,6 +222,11 @@ def cancel(using, ids):
     return {row[0] for row in _execute(using, sql.CANCEL_JOBS, {"ids": list(ids)})}
 
 
+def delete_finished(using, ids):
+    """Delete the done, dead or cancelled jobs among ``ids``; returns the ids deleted."""
+    return {row[0] for row in _execute(using, sql.DELETE_FINISHED_JOBS, {"ids": list(ids)})}
+
+
 def dead_ids(using, *, after=0, job_type=None, queue=None, limit=1000):
     params = {"after": after, "type": job_type, "queue": queue, "limit": limit}
     return [row[0] for row in _execute(using, sql.SELECT_DEAD_IDS, params)]

@@ -57,7 +57,8 @@ TEMPLATES = [
 ]
 
 DATABASES = {
-    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/postgres"),
+    # The database `python3 dev.py demo` creates (and keeps unless given --drop).
+    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/dbqueue_demo"),
 }
 # The fake payment provider (shop/payments.py) keeps its charges in the same database, but writes
 # them on a connection of its own, so that they commit independently of the shop's transactions,

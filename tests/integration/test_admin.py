@@ -88,7 +88,18 @@ def test_requeue_moves_dead_keeps_errors_and_refuses_others(as_user):
     ]
     row = job_row(dead.id)
     assert (row["state"], row["attempts"], row["finished_at"]) == ("pending", 0, None)
-    assert row["errors"] == [{"attempt": 1, "class": "E", "message": "m"}]
+    # The history is kept, and a marker says where it starts again at attempt 1.
+    first, marker = row["errors"]
+    assert first == {"attempt": 1, "class": "E", "message": "m"}
+    assert marker.pop("at")
+    assert marker == {
+        "attempt": 1,
+        "class": "Requeued",
+        "message": "requeued from dead after 1 attempt(s); attempts start again at 1",
+        "traceback": "",
+        "worker": None,
+        "requeued": True,
+    }
 
 
 def test_run_now_and_cancel(as_user):
@@ -237,3 +248,119 @@ def test_changelists_offer_no_facet_counts(as_user):
     response = client.get(reverse(CHANGELIST), {"_facets": "True"})
     assert response.status_code == 200
     assert not response.context["cl"].add_facets
+
+
+def finish(job_id, state):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dbqueue_job SET state = %s, finished_at = now(), attempts = 1 WHERE id = %s",
+            [state, job_id],
+        )
+
+
+def offered_actions(client, url=CHANGELIST):
+    response = client.get(reverse(url))
+    request = response.wsgi_request
+    choices = response.context["cl"].model_admin.get_action_choices(request)
+    return [name for name, _ in choices if name]
+
+
+def test_delete_selected_is_replaced_by_delete_finished(as_user, admin_client):
+    assert "delete_selected" not in offered_actions(admin_client)
+    assert "delete_finished" in offered_actions(admin_client)
+    dead_letters = "admin:django_dbqueue_deadletter_changelist"
+    assert offered_actions(admin_client, dead_letters) == ["requeue", "delete_finished"]
+    assert "delete_finished" not in offered_actions(as_user("requeue_backgroundjob"))
+    # Delivery records are not deleted in the admin at all.
+    deliveries = "admin:django_dbqueue_jobdelivery_changelist"
+    assert "delete_selected" not in offered_actions(admin_client, deliveries)
+
+
+def test_delete_finished_confirms_then_deletes_only_finished_jobs(as_user):
+    jobs = {state: enqueue("noop").id for state in ("done", "dead", "cancelled")}
+    for state, job_id in jobs.items():
+        finish(job_id, state)
+    pending = enqueue("noop").id
+    running = enqueue("noop").id
+    set_state(running, "running")
+    delivery = begin_delivery("sms:done-job")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE dbqueue_delivery SET job_id = %s", [jobs["done"]])
+    client = as_user("delete_backgroundjob")
+    selected = [*jobs.values(), pending, running]
+
+    confirm = post_action(client, "delete_finished", selected)
+    assert confirm.templates[0].name == "admin/delete_selected_confirmation.html"
+    assert sorted(o.id for o in confirm.context["queryset"]) == sorted(jobs.values())
+    assert texts(confirm) == [
+        "2 selected job(s) were left alone: only finished jobs (done, dead or cancelled) can be "
+        "deleted; cancel a pending job first, and let a running one finish."
+    ]
+    assert all(job_row(i) for i in selected), "the confirmation page deletes nothing"
+
+    response = client.post(
+        reverse(CHANGELIST),
+        {"action": "delete_finished", "post": "yes", "_selected_action": list(jobs.values())},
+        follow=True,
+    )
+    assert texts(response) == ["Successfully deleted 3 background jobs."]
+    assert [job_row(i) for i in jobs.values()] == [None, None, None]
+    assert job_row(pending)["state"] == "pending" and job_row(running)["state"] == "running"
+    # The delivery record keeps the deleted job's id, as it does when retention prunes the job.
+    assert (
+        scalar("SELECT job_id FROM dbqueue_delivery WHERE key = %s", [delivery.key])
+        == (jobs["done"])
+    )
+
+
+def test_delete_finished_leaves_a_job_requeued_after_the_confirmation(as_user):
+    dead = enqueue("noop").id
+    finish(dead, "dead")
+    client = as_user("delete_backgroundjob")
+    post_action(client, "delete_finished", [dead])  # the confirmation page
+    store.requeue("default", [dead], channel="dbqueue")
+    response = client.post(
+        reverse(CHANGELIST),
+        {"action": "delete_finished", "post": "yes", "_selected_action": [dead]},
+        follow=True,
+    )
+    assert "1 selected job(s) were left alone" in texts(response)[0]
+    assert job_row(dead)["state"] == "pending"
+
+
+def test_delete_finished_needs_the_delete_permission(as_user):
+    done = enqueue("noop").id
+    finish(done, "done")
+    client = as_user("requeue_backgroundjob")
+    for data in ({}, {"post": "yes"}):
+        client.post(
+            reverse(CHANGELIST),
+            {"action": "delete_finished", "_selected_action": [done], **data},
+        )
+    assert job_row(done)["state"] == "done"
+
+
+def test_a_jobs_own_delete_page_refuses_unfinished_jobs(as_user):
+    running = enqueue("noop").id
+    set_state(running, "running")
+    done = enqueue("noop").id
+    finish(done, "done")
+    client = as_user("delete_backgroundjob")
+
+    def delete_url(job_id):
+        return reverse("admin:django_dbqueue_backgroundjob_delete", args=[job_id])
+
+    assert client.get(delete_url(running)).status_code == 403
+    assert client.post(delete_url(running), {"post": "yes"}).status_code == 403
+    assert job_row(running)["state"] == "running"
+    assert client.get(delete_url(done)).status_code == 200
+    client.post(delete_url(done), {"post": "yes"})
+    assert job_row(done) is None
+
+
+def test_delivery_records_cannot_be_deleted_in_the_admin(admin_client):
+    record = begin_delivery("sms:keep")
+    record_id = scalar("SELECT id FROM dbqueue_delivery WHERE key = %s", [record.key])
+    url = reverse("admin:django_dbqueue_jobdelivery_delete", args=[record_id])
+    assert admin_client.post(url, {"post": "yes"}).status_code == 403
+    assert scalar("SELECT count(*) FROM dbqueue_delivery WHERE key = %s", [record.key]) == 1
