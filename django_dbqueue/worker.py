@@ -25,8 +25,6 @@ import socket
 import threading
 import time
 
-from django.db import connections
-
 from . import registry, signals, store
 from .acks import Acknowledger
 from .conf import get_settings
@@ -35,8 +33,10 @@ from .context import JobContext
 from .execution import make_pool, retry_delay
 from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
+from .maintenance import Maintenance
 from .notifications import Listener, parse_wakeup
 from .scheduler import Scheduler
+from .shutdown import shut_down
 from .sweeper import Sweeper
 
 logger = logging.getLogger("django_dbqueue")
@@ -130,6 +130,7 @@ class Worker:
         )
         self.sweeper = Sweeper(self.using, conf=conf, db=self.session)
         self.scheduler = Scheduler(self.using, conf=conf)
+        self.maintenance = Maintenance(self)
         self.waker = waker  # a supervisor's wake-up pipe, instead of a listener of our own
         self.report_free = report_free  # tells that supervisor how many jobs we could take
         self.listener = None
@@ -339,20 +340,11 @@ class Worker:
         try:
             self._loop()
         finally:
-            self._shutdown()
+            shut_down(self)
         return self.exit_code
 
     def _loop(self):
         errors = 0
-        now = time.monotonic()
-        self._next = {
-            "beat": now + self.conf.HEARTBEAT_INTERVAL,
-            "watch": now + 1.0,
-            "sweep": now,
-            "schedule": now,
-            "status": now + (self.conf.STATUS_INTERVAL or 0),
-        }
-        self._last_counts = (0, 0, 0)
         while not self.stopping.is_set():
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 logger.warning("dbqueue worker %s: its supervisor died; stopping", self.worker_id)
@@ -365,7 +357,7 @@ class Worker:
                 if self._reconnected:
                     self._recover()
                 self.acks.flush_once(self.session)
-                self._maintain()
+                self.maintenance.run_due()
                 # Claim only when there may be work: a notification, capacity wanted for a
                 # backlog, the poll. A wake-up to write outcomes or renew leases claims nothing.
                 if self._claim_next or time.monotonic() >= self._next_poll:
@@ -423,13 +415,7 @@ class Worker:
         now = time.monotonic()
         if self.acks.pending():
             return self.conf.ACK_INTERVAL
-        wait = self._next_poll - now
-        due = [self._next["beat"], self._next["sweep"]]
-        if self.scheduler.schedules:
-            due.append(self._next["schedule"])
-        if self.inflight.occupied():
-            due.append(self._next["watch"])
-        return max(0.0, min(wait, min(due) - now))
+        return max(0.0, min(self._next_poll, self.maintenance.deadline()) - now)
 
     def _batch_acks(self):
         """Let a few completions gather into one statement, unless the slots want a claim."""
@@ -439,42 +425,6 @@ class Worker:
             return
         self._acks_ready.clear()
         self._acks_ready.wait(self.conf.ACK_INTERVAL)
-
-    def _maintain(self):
-        """Heartbeat, watchdog, sweeper, scheduler and status line, each when it is due."""
-        now = time.monotonic()
-        nxt = self._next
-        if now >= nxt["watch"]:
-            nxt["watch"] = now + 1.0
-            self.heartbeat.check_timeouts()
-        if now >= nxt["beat"]:
-            self.heartbeat.beat_once(self.session)  # a lost connection goes to the loop
-            nxt["beat"] = now + self.conf.HEARTBEAT_INTERVAL
-        # Each of these on its own: one that fails is logged and tried again at its next
-        # interval, and never stops claiming.
-        if now >= nxt["sweep"]:
-            nxt["sweep"] = now + self.conf.SWEEP_INTERVAL
-            self._maintenance("sweep", self.sweeper.run_once)
-        if self.scheduler.schedules and now >= nxt["schedule"]:
-            nxt["schedule"] = now + self.conf.SCHEDULE_INTERVAL
-            self._maintenance("scheduler", self.scheduler.run_once)
-        if self.conf.STATUS_INTERVAL and now >= nxt["status"]:
-            nxt["status"] = now + self.conf.STATUS_INTERVAL
-            self._last_counts = (
-                self._maintenance("status", self._status_line, self._last_counts)
-                or self._last_counts
-            )
-
-    def _maintenance(self, what, func, *args):
-        try:
-            return func(*args)
-        except DB_ERRORS as exc:
-            self._lost_connection()
-            logger.warning("dbqueue %s failed, the database connection was lost (%s)", what, exc)
-        except Exception:
-            self._lost_connection()
-            logger.exception("dbqueue %s failed; trying again at its next interval", what)
-        return None
 
     def _lost_connection(self):
         self.session.reset()
@@ -497,124 +447,3 @@ class Worker:
                 sorted(released),
             )
         return released
-
-    def _status_line(self, last):
-        """Print one summary line when anything happened since the last one."""
-        counts = (self.acks.succeeded, self.acks.failed + self.acks.dead, self.claimed_total)
-        if counts == last:
-            return counts
-        elapsed = max(1e-6, self.conf.STATUS_INTERVAL)
-        depth = store.count_due(self.session, self.queues)
-        self.out(
-            f"dbqueue worker {self.worker_id}: {(counts[0] - last[0]) / elapsed:.1f} done/s, "
-            f"{(counts[1] - last[1]) / elapsed:.1f} failed/s, {depth if depth < 10000 else '10000+'} "
-            f"due in {','.join(self.queues)}, {len(self.inflight)} in flight"
-        )
-        return counts
-
-    # ---------------------------------------------------------------------------------------
-    # Shutdown
-    # ---------------------------------------------------------------------------------------
-    def _quiet_tick(self, wait):
-        """While shutting down: keep writing outcomes, renewing leases and watching timeouts."""
-        try:
-            if self._reconnected:
-                self.session.reset()
-                self._reconnected = False
-            self.acks.flush_once(self.session)
-            now = time.monotonic()
-            if now >= self._next.get("watch", 0):
-                self._next["watch"] = now + 1.0
-                self.heartbeat.check_timeouts()
-            if now >= self._next.get("beat", 0):
-                self.heartbeat.beat_once(self.session)
-                self._next["beat"] = now + self.conf.HEARTBEAT_INTERVAL
-        except DB_ERRORS as exc:
-            logger.warning(
-                "dbqueue worker %s: database lost while stopping (%s)", self.worker_id, exc
-            )
-            self.session.reset()
-        except OTHER_DB_ERRORS:
-            logger.exception("dbqueue worker %s: database error while stopping", self.worker_id)
-            self.session.reset()
-        self._wakeup.wait(wait)
-        self._wakeup.clear()
-
-    def _release(self, entries, why):
-        held = [e.key for e in entries]
-        for attempt in range(5):
-            try:
-                # Outcomes first: a job that finished is written as finished, not handed back.
-                self.acks.flush_once(self.session)
-                released = store.release(self.session, held)
-                for entry in entries:
-                    if entry.ctx.id in released:
-                        logger.info(
-                            "dbqueue released job=%s type=%s attempt=%s (%s)",
-                            entry.ctx.id,
-                            entry.ctx.type,
-                            entry.ctx.attempt,
-                            why,
-                        )
-                return released
-            except DB_ERRORS as exc:
-                self.session.reset()
-                logger.warning("dbqueue could not release %d jobs (%s)", len(held), exc)
-                time.sleep(0.2 * (attempt + 1))
-        return set()
-
-    def _shutdown(self):
-        """Stop: after a signal, release unstarted jobs and give running ones the grace period;
-        after ``burst`` or ``max_jobs``, let everything claimed finish."""
-        if not hasattr(self, "_next"):
-            self._next = {}
-        # A signal during this wait switches to the graceful stop below (grace, then release).
-        while not self._releasing and self.inflight.occupied():
-            self._quiet_tick(0.05)
-        self.stopping.set()
-        unstarted = self.inflight.release_unstarted()
-        if unstarted:
-            self._release(unstarted, "not started before the stop")
-            for entry in unstarted:
-                self.finished(entry)
-        deadline = time.monotonic() + self.conf.SHUTDOWN_GRACE
-        while self.inflight.occupied() and time.monotonic() < deadline:
-            self._quiet_tick(min(0.05, max(0.0, deadline - time.monotonic())))
-        remaining = self.inflight.release_all()
-        if remaining:
-            logger.warning(
-                "dbqueue worker %s: %d jobs still running after %gs grace; releasing them",
-                self.worker_id,
-                len(remaining),
-                self.conf.SHUTDOWN_GRACE,
-            )
-            self._release(remaining, "still running after the grace period")
-        self.pool.stop(timeout=0.5)
-        # Whatever finished meanwhile: written, with retries through a lost connection.
-        deadline = time.monotonic() + max(5.0, self.conf.SHUTDOWN_GRACE)
-        while self.acks.pending() and time.monotonic() < deadline:
-            self._quiet_tick(0.05)
-        if self.acks.pending():
-            logger.error(
-                "dbqueue worker %s: %d outcomes could not be written before exiting; their "
-                "jobs will be swept and run again",
-                self.worker_id,
-                self.acks.pending(),
-            )
-        self.stopped.set()
-        for helper in (self.listener, self.waker):
-            if helper is not None:
-                helper.join(1.0)
-        self.session.close()
-        connections[self.using].close()
-        logger.info(
-            "dbqueue worker %s stopped: %d succeeded, %d retried, %d dead, %d fenced; "
-            "%d claims (%d empty)",
-            self.worker_id,
-            self.acks.succeeded,
-            self.acks.failed,
-            self.acks.dead,
-            self.acks.fenced,
-            self.claims,
-            self.empty_claims,
-        )

@@ -9,7 +9,7 @@ exact state the fault needs, then calls ``run_once()``, ``heartbeat.beat_once()`
 import pytest
 from django.db import connection
 
-from django_dbqueue import enqueue, registry, signals, store
+from django_dbqueue import enqueue, registry, shutdown, signals, store
 from django_dbqueue.connections import connect
 from django_dbqueue.exceptions import JobRegistrationError
 from django_dbqueue.sweeper import Sweeper
@@ -149,7 +149,7 @@ def test_a_stop_writes_finished_outcomes_before_releasing(idle_worker):
     worker.run_once()
     entries = {e.ctx.id: e for e in worker.inflight.snapshot()}
     worker.acks.succeed(entries[finished_job.id])  # it finished during the grace period
-    worker._release(list(entries.values()), "test")
+    shutdown.release(worker, list(entries.values()), "test")
     assert job_row(finished_job.id)["state"] == "done"
     assert job_row(unstarted_job.id)["state"] == "pending"
     assert job_row(unstarted_job.id)["attempts"] == 0

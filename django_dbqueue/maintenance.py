@@ -1,0 +1,106 @@
+"""The worker's periodic duties, each when it is due: the watchdog (runs past their timeout),
+the heartbeat, the sweeper, the scheduler and the status line.
+
+The claim loop calls ``run_due()`` once per turn, and sleeps no longer than ``deadline()``. The
+heartbeat and the watchdog run on the loop's own connection and let a lost connection reach the
+loop (which reconnects); the others are ``guarded``: one that fails is logged and tried again at
+its next interval, and never stops claiming.
+"""
+
+import logging
+import time
+
+from . import store
+from .connections import DB_ERRORS
+
+logger = logging.getLogger("django_dbqueue")
+
+
+class Maintenance:
+    WATCH_INTERVAL = 1.0  # seconds between the watchdog's looks at running jobs
+
+    def __init__(self, worker):
+        self.worker = worker
+        now = time.monotonic()
+        conf = worker.conf
+        self.next = {
+            "beat": now + conf.HEARTBEAT_INTERVAL,
+            "watch": now + self.WATCH_INTERVAL,
+            "sweep": now,
+            "schedule": now,
+            "status": now + (conf.STATUS_INTERVAL or 0),
+        }
+        self.last_counts = (0, 0, 0)
+
+    def deadline(self):
+        """When the next duty is due (``time.monotonic()``)."""
+        w = self.worker
+        due = [self.next["beat"], self.next["sweep"]]
+        if w.scheduler.schedules:
+            due.append(self.next["schedule"])
+        if w.inflight.occupied():
+            due.append(self.next["watch"])
+        return min(due)
+
+    def watch_and_beat(self):
+        """The watchdog and the heartbeat alone (while stopping)."""
+        w, now = self.worker, time.monotonic()
+        if now >= self.next["watch"]:
+            self.next["watch"] = now + self.WATCH_INTERVAL
+            w.heartbeat.check_timeouts()
+        if now >= self.next["beat"]:
+            w.heartbeat.beat_once(w.session)
+            self.next["beat"] = now + w.conf.HEARTBEAT_INTERVAL
+
+    def run_due(self):
+        """Heartbeat, watchdog, sweeper, scheduler and status line, each when it is due."""
+        w = self.worker
+        now = time.monotonic()
+        nxt = self.next
+        if now >= nxt["watch"]:
+            nxt["watch"] = now + self.WATCH_INTERVAL
+            w.heartbeat.check_timeouts()
+        if now >= nxt["beat"]:
+            w.heartbeat.beat_once(w.session)  # a lost connection goes to the loop
+            nxt["beat"] = now + w.conf.HEARTBEAT_INTERVAL
+        # Each of these on its own: one that fails is logged and tried again at its next
+        # interval, and never stops claiming.
+        if now >= nxt["sweep"]:
+            nxt["sweep"] = now + w.conf.SWEEP_INTERVAL
+            self.guarded("sweep", w.sweeper.run_once)
+        if w.scheduler.schedules and now >= nxt["schedule"]:
+            nxt["schedule"] = now + w.conf.SCHEDULE_INTERVAL
+            self.guarded("scheduler", w.scheduler.run_once)
+        if w.conf.STATUS_INTERVAL and now >= nxt["status"]:
+            nxt["status"] = now + w.conf.STATUS_INTERVAL
+            self.last_counts = (
+                self.guarded("status", self.status_line, self.last_counts) or self.last_counts
+            )
+
+    def guarded(self, what, func, *args):
+        """Run one maintenance task; a failure is logged and left to its next interval."""
+        w = self.worker
+        try:
+            return func(*args)
+        except DB_ERRORS as exc:
+            w._lost_connection()
+            logger.warning("dbqueue %s failed, the database connection was lost (%s)", what, exc)
+        except Exception:
+            w._lost_connection()
+            logger.exception("dbqueue %s failed; trying again at its next interval", what)
+        return None
+
+    def status_line(self, last):
+        """Print one summary line when anything happened since the last one."""
+        w = self.worker
+        counts = (w.acks.succeeded, w.acks.failed + w.acks.dead, w.claimed_total)
+        if counts == last:
+            return counts
+        elapsed = max(1e-6, w.conf.STATUS_INTERVAL)
+        depth = store.count_due(w.session, w.queues)
+        w.out(
+            f"dbqueue worker {w.worker_id}: {(counts[0] - last[0]) / elapsed:.1f} done/s, "
+            f"{(counts[1] - last[1]) / elapsed:.1f} failed/s, {depth if depth < 10000 else '10000+'} "
+            f"due in {','.join(w.queues)}, {len(w.inflight)} in flight"
+        )
+        return counts

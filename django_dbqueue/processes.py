@@ -1,0 +1,207 @@
+"""Process mode (``EXECUTION = "process"``): each handler slot runs its handlers in a child
+process of its own, so that a run past its timeout can be ended for real.
+
+The slot's thread in the worker sends the claimed job to its child as JSON over a pipe and waits
+for the outcome. When the watchdog gives a run up, the pool kills the child running it (SIGKILL)
+and the slot starts a new one for its next job. Children are started with ``spawn``, not
+``fork``: forking a process that runs threads can copy a lock held mid-update. A child whose
+worker died (``kill -9``) notices within a second and exits, even in the middle of a hung run.
+"""
+
+import asyncio
+import contextlib
+import datetime
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from dataclasses import asdict
+
+from . import registry
+from .context import JobContext
+from .execution import ConnectionHygiene, Outcome, ThreadPool, retry_delay, run_handler
+from .outcomes import error_record
+
+logger = logging.getLogger("django_dbqueue")
+
+
+def _row_to_json(ctx, token):
+    return json.dumps(
+        {
+            "token": token,
+            "id": ctx.id,
+            "type": ctx.type,
+            "queue": ctx.queue,
+            "payload_json": json.dumps(ctx.payload),
+            "attempt": ctx.attempt,
+            "max_attempts": ctx.max_attempts,
+            "lease_seconds": ctx.lease_seconds,
+            "idempotency_key": ctx.idempotency_key,
+            "priority": ctx.priority,
+            "created_at": ctx.enqueued_at.isoformat() if ctx.enqueued_at else None,
+            "wait": ctx.wait,
+            "traceparent": ctx.traceparent,
+        }
+    ).encode()
+
+
+def _child_main(conn, worker_id, parent_pid):
+    """A handler process: set Django up, then run the jobs the parent sends, one at a time."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    import django
+
+    django.setup()
+
+    from .apps import DBQueueConfig
+    from .conf import get_settings
+    from .store import ClaimedRow
+
+    if DBQueueConfig._uses_tasks_backend():
+        from .tasks import discover_tasks
+
+        discover_tasks()
+
+    def orphan_guard():  # a parent killed with SIGKILL cannot stop a hung child: it stops itself
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=orphan_guard, daemon=True).start()
+    conf = get_settings()
+    hygiene = ConnectionHygiene()
+    loop = asyncio.new_event_loop()
+    while True:
+        try:
+            message = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)
+        token = message.pop("token")
+        created = message.pop("created_at")
+        message["created_at"] = datetime.datetime.fromisoformat(created) if created else None
+        ctx = JobContext(
+            ClaimedRow(**message),
+            worker_id=worker_id,
+            using=conf.DATABASE,
+        )
+        hygiene.before()
+        outcome = run_handler(ctx, token, conf=conf, worker_id=worker_id, loop=loop)
+        with contextlib.suppress(Exception):
+            hygiene.after()
+        try:
+            conn.send_bytes(json.dumps(asdict(outcome)).encode())
+        except (BrokenPipeError, OSError):
+            os._exit(0)
+
+
+class _Child:
+    def __init__(self, context, worker_id):
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(
+            target=_child_main,
+            args=(child_conn, worker_id, os.getpid()),
+            name="dbqueue-handler-process",
+            daemon=True,
+        )
+        self.process.start()
+        child_conn.close()
+
+    def kill(self):
+        with contextlib.suppress(ProcessLookupError, AttributeError, ValueError):
+            self.process.kill()
+        self.process.join(5)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+
+
+class ProcessPool(ThreadPool):
+    """One child process per slot; a run past its timeout is killed with its process."""
+
+    def __init__(self, worker, size, *, hung_limit):
+        super().__init__(worker, size, hung_limit=hung_limit)
+        # spawn, not fork: forking a process that runs threads can copy a lock held mid-update.
+        self.context = multiprocessing.get_context("spawn")
+        self._children: dict[int, _Child] = {}  # id(entry) -> the child running it
+        self._lock = threading.Lock()
+        self.replaced = 0
+
+    def abandon(self, entry):
+        """The watchdog gave up ``entry``'s run: kill the child running it."""
+        with self._lock:
+            child = self._children.get(id(entry))
+        if child is not None:
+            logger.warning(
+                "dbqueue: killing the handler process (pid %s) of job=%s type=%s: past its timeout",
+                child.process.pid,
+                entry.ctx.id,
+                entry.ctx.type,
+            )
+            child.kill()
+
+    def stop(self, timeout):
+        super().stop(timeout)
+
+    def _thread_main(self):
+        worker = self.worker
+        child = None
+        try:
+            while True:
+                entry = self._work.get()
+                if entry is None:
+                    return
+                if not worker.inflight.start(entry):
+                    worker.finished(entry)
+                    continue
+                try:
+                    if child is None or not child.process.is_alive():
+                        child = _Child(self.context, worker.worker_id)
+                    worker.started(entry)
+                    outcome = self._run_in(child, entry)
+                    if outcome is None:  # the child died: killed at the timeout, or crashed
+                        code = child.process.exitcode
+                        child.kill()
+                        child = None
+                        self.replaced += 1
+                        if entry.timed_out:
+                            continue  # the watchdog recorded this attempt already
+                        exc = RuntimeError(
+                            f"the handler process died while running the job (exit code {code})"
+                        )
+                        job_type = registry.get(entry.ctx.type)
+                        outcome = Outcome(
+                            "retry",
+                            error=error_record(
+                                exc, attempt=entry.ctx.attempt, worker_id=worker.worker_id
+                            ),
+                            delay=retry_delay(job_type, entry.ctx.attempt, worker.conf),
+                        )
+                    outcome.duration = time.monotonic() - entry.started
+                    worker.settle(entry, outcome)
+                except Exception:
+                    logger.exception("dbqueue: internal error running job=%s", entry.ctx.id)
+                finally:
+                    worker.finished(entry)
+        finally:
+            if child is not None:
+                child.kill()
+
+    def _run_in(self, child, entry):
+        with self._lock:
+            self._children[id(entry)] = child
+        try:
+            child.conn.send_bytes(_row_to_json(entry.ctx, entry.token))
+            while True:
+                # Wake now and then: a stop after the grace period kills the children.
+                if child.conn.poll(0.5):
+                    return Outcome(**json.loads(child.conn.recv_bytes()))
+                if not child.process.is_alive():
+                    return None
+        except (EOFError, OSError):
+            return None
+        finally:
+            with self._lock:
+                self._children.pop(id(entry), None)

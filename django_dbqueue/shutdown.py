@@ -1,0 +1,116 @@
+"""Stopping a worker: hand back what has not started, give running handlers their grace
+period, write every outcome, then release what is still running. Outcomes always go first: a job
+that finished is written as finished, never handed back to run again.
+
+After ``burst`` or ``max_jobs`` everything claimed is let finish; after a signal or a fatal error
+(``Worker.fatal``) the graceful stop below applies.
+"""
+
+import logging
+import time
+
+from django.db import connections
+
+from . import store
+from .connections import DB_ERRORS, OTHER_DB_ERRORS
+
+logger = logging.getLogger("django_dbqueue")
+
+
+def quiet_tick(w, wait):
+    """While shutting down: keep writing outcomes, renewing leases and watching timeouts."""
+    try:
+        if w._reconnected:
+            w.session.reset()
+            w._reconnected = False
+        w.acks.flush_once(w.session)
+        w.maintenance.watch_and_beat()
+    except DB_ERRORS as exc:
+        logger.warning("dbqueue worker %s: database lost while stopping (%s)", w.worker_id, exc)
+        w.session.reset()
+    except OTHER_DB_ERRORS:
+        logger.exception("dbqueue worker %s: database error while stopping", w.worker_id)
+        w.session.reset()
+    w._wakeup.wait(wait)
+    w._wakeup.clear()
+
+
+def release(w, entries, why):
+    """Hand ``entries`` back without spending their attempts, after writing every outcome
+    already buffered; retried through a lost connection. Returns the ids released."""
+    held = [e.key for e in entries]
+    for attempt in range(5):
+        try:
+            # Outcomes first: a job that finished is written as finished, not handed back.
+            w.acks.flush_once(w.session)
+            released = store.release(w.session, held)
+            for entry in entries:
+                if entry.ctx.id in released:
+                    logger.info(
+                        "dbqueue released job=%s type=%s attempt=%s (%s)",
+                        entry.ctx.id,
+                        entry.ctx.type,
+                        entry.ctx.attempt,
+                        why,
+                    )
+            return released
+        except DB_ERRORS as exc:
+            w.session.reset()
+            logger.warning("dbqueue could not release %d jobs (%s)", len(held), exc)
+            time.sleep(0.2 * (attempt + 1))
+    return set()
+
+
+def shut_down(w):
+    """Stop: after a signal, release unstarted jobs and give running ones the grace period;
+    after ``burst`` or ``max_jobs``, let everything claimed finish."""
+    # A signal during this wait switches to the graceful stop below (grace, then release).
+    while not w._releasing and w.inflight.occupied():
+        quiet_tick(w, 0.05)
+    w.stopping.set()
+    unstarted = w.inflight.release_unstarted()
+    if unstarted:
+        release(w, unstarted, "not started before the stop")
+        for entry in unstarted:
+            w.finished(entry)
+    deadline = time.monotonic() + w.conf.SHUTDOWN_GRACE
+    while w.inflight.occupied() and time.monotonic() < deadline:
+        quiet_tick(w, min(0.05, max(0.0, deadline - time.monotonic())))
+    remaining = w.inflight.release_all()
+    if remaining:
+        logger.warning(
+            "dbqueue worker %s: %d jobs still running after %gs grace; releasing them",
+            w.worker_id,
+            len(remaining),
+            w.conf.SHUTDOWN_GRACE,
+        )
+        release(w, remaining, "still running after the grace period")
+    w.pool.stop(timeout=0.5)
+    # Whatever finished meanwhile: written, with retries through a lost connection.
+    deadline = time.monotonic() + max(5.0, w.conf.SHUTDOWN_GRACE)
+    while w.acks.pending() and time.monotonic() < deadline:
+        quiet_tick(w, 0.05)
+    if w.acks.pending():
+        logger.error(
+            "dbqueue worker %s: %d outcomes could not be written before exiting; their "
+            "jobs will be swept and run again",
+            w.worker_id,
+            w.acks.pending(),
+        )
+    w.stopped.set()
+    for helper in (w.listener, w.waker):
+        if helper is not None:
+            helper.join(1.0)
+    w.session.close()
+    connections[w.using].close()
+    logger.info(
+        "dbqueue worker %s stopped: %d succeeded, %d retried, %d dead, %d fenced; "
+        "%d claims (%d empty)",
+        w.worker_id,
+        w.acks.succeeded,
+        w.acks.failed,
+        w.acks.dead,
+        w.acks.fenced,
+        w.claims,
+        w.empty_claims,
+    )
