@@ -12,7 +12,7 @@ disturb the worker or the other receivers.
 ``run_after``, to the claim). ``job_succeeded``, ``job_failed`` and ``job_dead`` carry
 ``duration``: seconds the handler ran, or ``None`` when no run was timed (a lease that expired
 and was swept). Receivers of ``job_started`` run on the handler thread, before the handler:
-keep them quick. The others run on the worker's acknowledgement thread after the commit.
+keep them quick. The others run on the worker's claim loop after the commit.
 """
 
 import logging
