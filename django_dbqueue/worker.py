@@ -36,6 +36,8 @@ from .execution import make_pool, retry_delay
 from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
 from .notifications import Listener, parse_wakeup
+from .rollup import INTERVAL as ROLLUP_INTERVAL
+from .rollup import Rollup
 from .scheduler import Scheduler
 from .sweeper import Sweeper
 
@@ -130,6 +132,7 @@ class Worker:
         )
         self.sweeper = Sweeper(self.using, conf=conf, db=self.session)
         self.scheduler = Scheduler(self.using, conf=conf)
+        self.rollup = Rollup(self.using, conf=conf, db=self.session)
         self.waker = waker  # a supervisor's wake-up pipe, instead of a listener of our own
         self.report_free = report_free  # tells that supervisor how many jobs we could take
         self.listener = None
@@ -350,6 +353,7 @@ class Worker:
             "watch": now + 1.0,
             "sweep": now,
             "schedule": now,
+            "rollup": now,
             "status": now + (self.conf.STATUS_INTERVAL or 0),
         }
         self._last_counts = (0, 0, 0)
@@ -458,6 +462,9 @@ class Worker:
         if self.scheduler.schedules and now >= nxt["schedule"]:
             nxt["schedule"] = now + self.conf.SCHEDULE_INTERVAL
             self._maintenance("scheduler", self.scheduler.run_once)
+        if now >= nxt["rollup"]:
+            nxt["rollup"] = now + ROLLUP_INTERVAL
+            self._maintenance("rollup", self.rollup.run_once)
         if self.conf.STATUS_INTERVAL and now >= nxt["status"]:
             nxt["status"] = now + self.conf.STATUS_INTERVAL
             self._last_counts = (
