@@ -511,6 +511,13 @@ FROM dbqueue_job WHERE id = %(id)s AND type = %(type)s
 #   scans of one minute each, in the steady state.
 # - The wait of a finished job is its last claim's (started_at - run_after); width_bucket()
 #   puts it in a bin of %(bounds)s (seconds), kept as {"bin": count}.
+# ROLLUP_DUE asks first whether the minute is still to do: PostgreSQL JIT-compiles
+# ROLLUP_MINUTE's plan (its estimated cost is the backlog's) even when the guards skip every
+# scan, which measured ~90 ms a pass against ~1 ms for the probe alone.
+ROLLUP_DUE = """
+SELECT NOT EXISTS (SELECT 1 FROM dbqueue_depth WHERE minute = date_trunc('minute', now()))
+"""
+
 ROLLUP_MINUTE = """
 WITH this AS MATERIALIZED (
     SELECT date_trunc('minute', now()) AS minute,

@@ -381,6 +381,8 @@ def rollup_minute(db, *, queues, bounds, catch_up):
     """Sample this minute's depth of ``queues`` (and of any queue with jobs) and count the jobs
     finished since the previous sample, unless another worker did this minute already.
     Returns ``(queues sampled, finished rows written)``; ``(0, 0)`` when it was done already."""
+    if not _execute(db, sql.ROLLUP_DUE, {})[0][0]:
+        return 0, 0
     params = {"queues": list(queues), "bounds": list(bounds), "catch_up": float(catch_up)}
     sampled, rolled = _execute(db, sql.ROLLUP_MINUTE, params)[0]
     return sampled, rolled
