@@ -12,7 +12,7 @@ from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
 WIDTH, HEIGHT = 640, 200
-LEFT, RIGHT, TOP, BOTTOM = 52, 12, 10, 26
+LEFT, RIGHT, TOP, BOTTOM = 52, 12, 24, 26
 PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 
 
@@ -60,7 +60,7 @@ def _frame(chart_id, title, desc, y_max, unit, x_labels):
             f"{escape(number(value))}</text>"
         )
     parts.append(
-        f'<text class="dbq-axis" x="4" y="{TOP + 8}" text-anchor="start">{escape(unit)}</text>'
+        f'<text class="dbq-axis" x="4" y="12" text-anchor="start">{escape(unit)}</text>'
     )
     for x, label in x_labels:
         parts.append(
