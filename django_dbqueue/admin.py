@@ -10,14 +10,18 @@ import json
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import DatabaseError
 from django.db.models import Q
 from django.db.models.functions import Now
+from django.template.response import TemplateResponse
+from django.urls import path
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from . import registry, store
+from . import charts, dashboard, registry, store
 from .conf import get_settings
 from .models import BackgroundJob, DeadLetter, JobDelivery
 from .states import FINISHED_STATES, DeliveryState, JobState
@@ -267,6 +271,28 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             extra_context["dbqueue_status"] = None
         return super().changelist_view(request, extra_context)
 
+    def get_urls(self):
+        if self.model is not BackgroundJob:  # the dead letters' page inherits this class
+            return super().get_urls()
+        # Before the model's own URLs, whose "<object_id>/" would take "dashboard/".
+        view = self.admin_site.admin_view(self.dashboard_view)
+        return [path("dashboard/", view, name="django_dbqueue_dashboard"), *super().get_urls()]
+
+    def dashboard_view(self, request):
+        """The queue dashboard: charts of the last hours and the workers holding jobs now."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return TemplateResponse(
+            request,
+            "admin/django_dbqueue/dashboard.html",
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "title": "Queue dashboard",
+                **_dashboard_context(request),
+            },
+        )
+
     def _report(self, request, verb, moved, selected, refused_why):
         if moved:
             self.message_user(request, f"{verb} {len(moved)} job(s).", messages.SUCCESS)
@@ -412,3 +438,53 @@ class JobDeliveryAdmin(admin.ModelAdmin):
 admin.site.register(BackgroundJob, BackgroundJobAdmin)
 admin.site.register(DeadLetter, DeadLetterAdmin)
 admin.site.register(JobDelivery, JobDeliveryAdmin)
+
+
+DASHBOARD_REFRESH = 30  # seconds between the dashboard page's own reloads
+
+
+def _dashboard_context(request):
+    """The dashboard's data and charts for the template (``?hours=1|6|24``)."""
+    hours = dashboard.parse_hours(request.GET.get("hours"))
+    data = dashboard.build(get_settings().DATABASE, hours)
+    labels = [timezone.localtime(start).strftime("%H:%M") for start in data.starts]
+    every = max(1, len(labels) // 6)
+    finished = charts.stacked_bars(
+        "dbq-finished",
+        f"Jobs finished per minute by state, last {hours} h",
+        [(state, data.finished[state]) for state in dashboard.FINISHED_STATES],
+        labels,
+        unit="jobs/min",
+        every=every,
+    )
+    depth = charts.lines(
+        "dbq-depth",
+        f"Queue depth (due jobs) by queue, last {hours} h",
+        sorted(data.depth.items()),
+        labels,
+        unit="jobs",
+        every=every,
+    )
+    waits = charts.lines(
+        "dbq-wait",
+        f"Wait from due to start, p50 and p95, last {hours} h",
+        [("p50", data.wait_p50), ("p95", data.wait_p95)],
+        labels,
+        unit="seconds",
+        every=every,
+    )
+    failures = charts.horizontal_bars(
+        "dbq-failures",
+        f"Failures by job type, last {hours} h",
+        [(job_type, [dead, failed]) for job_type, dead, failed in data.failures],
+        names=["dead letters", "failed attempts"],
+        unit="jobs",
+    )
+    return {
+        "dashboard": data,
+        "charts": {"finished": finished, "depth": depth, "waits": waits, "failures": failures},
+        "windows": sorted(dashboard.WINDOWS),
+        "refresh": DASHBOARD_REFRESH,
+        "step_minutes": data.step // 60,
+        "status": sorted(store.status(get_settings().DATABASE, get_settings().QUEUES).items()),
+    }

@@ -12,6 +12,7 @@ import time
 
 from . import store
 from .connections import DB_ERRORS
+from .rollup import INTERVAL as ROLLUP_INTERVAL
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -28,6 +29,7 @@ class Maintenance:
             "watch": now + self.WATCH_INTERVAL,
             "sweep": now,
             "schedule": now,
+            "rollup": now,
             "status": now + (conf.STATUS_INTERVAL or 0),
         }
         self.last_counts = (0, 0, 0)
@@ -71,6 +73,9 @@ class Maintenance:
         if w.scheduler.schedules and now >= nxt["schedule"]:
             nxt["schedule"] = now + w.conf.SCHEDULE_INTERVAL
             self.guarded("scheduler", w.scheduler.run_once)
+        if now >= nxt["rollup"]:
+            nxt["rollup"] = now + ROLLUP_INTERVAL
+            self.guarded("rollup", w.rollup.run_once)
         if w.conf.STATUS_INTERVAL and now >= nxt["status"]:
             nxt["status"] = now + w.conf.STATUS_INTERVAL
             self.last_counts = (

@@ -377,3 +377,53 @@ def task_result_row(using, job_id, job_type):
 def _execute_no_rows(using, statement, params):
     with connections[using].cursor() as cursor:
         cursor.execute(statement, params)
+
+
+# The dashboard's rollup and reads (rollup.py, dashboard.py). -------------------------------------
+
+
+def rollup_minute(db, *, queues, bounds, catch_up):
+    """Sample this minute's depth of ``queues`` (and of any queue with jobs) and count the jobs
+    finished since the previous sample, unless another worker did this minute already.
+    Returns ``(queues sampled, finished rows written)``; ``(0, 0)`` when it was done already."""
+    if not _execute(db, sql.ROLLUP_DUE, {})[0][0]:
+        return 0, 0
+    params = {"queues": list(queues), "bounds": list(bounds), "catch_up": float(catch_up)}
+    sampled, rolled = _execute(db, sql.ROLLUP_MINUTE, params)[0]
+    return sampled, rolled
+
+
+def prune_rollup(db, *, age, limit):
+    """Delete up to ``limit`` rows of each rollup table older than ``age`` seconds; returns n."""
+    params = {"age": float(age), "limit": limit}
+    return sum(
+        _execute(db, statement, params)[0][0]
+        for statement in (sql.PRUNE_DEPTH, sql.PRUNE_FINISHED_MINUTES)
+    )
+
+
+def dashboard_clock(using, *, window):
+    """``(now, since, split)`` in database time: see ``sql.DASHBOARD_CLOCK``."""
+    return _execute(using, sql.DASHBOARD_CLOCK, {"window": float(window)})[0]
+
+
+def dashboard_finished(using, *, since, split, step):
+    """``[(bucket, type, done, dead, cancelled, failed_attempts), ...]``."""
+    params = {"since": since, "split": split, "step": float(step)}
+    return _execute(using, sql.DASHBOARD_FINISHED, params)
+
+
+def dashboard_waits(using, *, since, split, step, bounds):
+    """``[(bucket, bin, count), ...]``: waits as bins of ``bounds`` (see width_bucket)."""
+    params = {"since": since, "split": split, "step": float(step), "bounds": list(bounds)}
+    return _execute(using, sql.DASHBOARD_WAITS, params)
+
+
+def dashboard_depth(using, *, since, step):
+    """``[(bucket, queue, due, scheduled, running), ...]``: the largest sample per bucket."""
+    return _execute(using, sql.DASHBOARD_DEPTH, {"since": since, "step": float(step)})
+
+
+def dashboard_workers(using, *, limit=200):
+    """``[(worker_id, [queues], jobs, stuck, heartbeat_age_seconds), ...]``, by worker id."""
+    return _execute(using, sql.DASHBOARD_WORKERS, {"limit": limit})

@@ -35,6 +35,7 @@ from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
 from .maintenance import Maintenance
 from .notifications import Listener, parse_wakeup
+from .rollup import Rollup
 from .scheduler import Scheduler
 from .shutdown import shut_down
 from .sweeper import Sweeper
@@ -130,6 +131,7 @@ class Worker:
         )
         self.sweeper = Sweeper(self.using, conf=conf, db=self.session)
         self.scheduler = Scheduler(self.using, conf=conf)
+        self.rollup = Rollup(self.using, conf=conf, db=self.session)  # the dashboard's minutes
         self.maintenance = Maintenance(self)
         self.waker = waker  # a supervisor's wake-up pipe, instead of a listener of our own
         self.report_free = report_free  # tells that supervisor how many jobs we could take

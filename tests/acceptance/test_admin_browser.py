@@ -525,3 +525,20 @@ def _tour(page, shop, base_url, charge_id, ada, grace, linus, screenshot):
     expect(deliveries.first).to_contain_text(f"charge:{grace['invoice_id']}")
     expect(deliveries.first).to_contain_text("recorded (outcome unknown)")
     screenshot(page, "admin-unconfirmed-deliveries")
+
+    # The queue dashboard, from the job list's "Queue dashboard" link: the night's jobs in charts.
+    page.goto(admin + "django_dbqueue/backgroundjob/")
+    page.locator(".object-tools").get_by_role("link", name="Queue dashboard").click()
+    expect(page.locator("h1")).to_have_text("Queue dashboard")
+    page.get_by_role("link", name="24 h").click()
+    expect(page).to_have_url(re.compile(r"[?&]hours=24"))
+    expect(page.locator("svg.dbq-chart")).to_have_count(4)
+    assert page.locator("#dbq-finished rect").count() > 0  # bars of the jobs that finished
+    expect(page.locator("#dbq-failures")).to_contain_text("charge-invoice")  # Ada's dead charge
+    expect(page.locator("#dbq-finished-title")).to_have_text(
+        "Jobs finished per minute by state, last 24 h"
+    )
+    expect(page.locator("#dbq-now")).to_contain_text("payments")
+    screenshot(page, "admin-dashboard")
+    page.emulate_media(color_scheme="dark")  # the admin's dark theme follows the browser's
+    screenshot(page, "admin-dashboard-dark")
