@@ -12,6 +12,7 @@ had committed after all, the outcome is reported (signals, counts) as if the rep
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 from . import signals, store
@@ -44,6 +45,7 @@ class Acknowledger:
         self._done = []  # (entry, result_json, duration)
         self._failed: list[_Failure] = []
         self.on_ready = lambda: None  # set by the worker: wakes its loop
+        self.next_retry = None  # time.monotonic() when the soonest retry written comes due
         self.succeeded = 0
         self.failed = 0
         self.fenced = 0
@@ -243,6 +245,8 @@ class Acknowledger:
             )
         else:
             self.failed += 1
+            due = time.monotonic() + failure.delay
+            self.next_retry = due if self.next_retry is None else min(self.next_retry, due)
             logger.warning(
                 "dbqueue retried job=%s type=%s attempt=%s/%s in %.1fs: %s: %s",
                 ctx.id,

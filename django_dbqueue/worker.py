@@ -232,10 +232,6 @@ class Worker:
         kind, duration = outcome.kind, outcome.duration
         if kind == "committed":
             self.acks.committed(entry, duration=duration)
-        elif entry.given_up:
-            return  # timed out, lost or released: that attempt's end is already written
-        elif kind == "success":
-            self.acks.succeed(entry, outcome.result, duration=duration)
         elif kind == "fenced":
             self.acks.fenced += 1
             logger.warning(
@@ -245,6 +241,10 @@ class Worker:
                 entry.ctx.type,
                 entry.ctx.attempt,
             )
+        elif entry.given_up:
+            return  # timed out, lost or released: that attempt's end is already written
+        elif kind == "success":
+            self.acks.succeed(entry, outcome.result, duration=duration)
         else:
             self.acks.fail(
                 entry,
@@ -359,6 +359,10 @@ class Worker:
                 if self._reconnected:
                     self._recover()
                 self.acks.flush_once(self.session)
+                if self.acks.next_retry is not None:
+                    # A job this worker just failed comes due again: look then, not at the poll.
+                    self._next_poll = min(self._next_poll, self.acks.next_retry)
+                    self.acks.next_retry = None
                 self.maintenance.run_due()
                 # Claim only when there may be work: a notification, capacity wanted for a
                 # backlog, the poll. A wake-up to write outcomes or renew leases claims nothing.

@@ -12,19 +12,20 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 
 def wait_idle(after_sql_time):
-    """Wait until the worker's last claim ran after ``after_sql_time`` (a database timestamp) and
-    its session is idle: the worker has looked for work and is now waiting."""
+    """Wait until the worker's own session ran a statement after ``after_sql_time`` (a database
+    timestamp) and is idle again: the worker has done its work and is now waiting."""
     wait_until(
         lambda: (
             rows(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND state = 'idle' "
-                "AND query LIKE '%%candidates AS MATERIALIZED%%' AND query_start > %s",
+                "AND query NOT LIKE 'LISTEN %%' AND query_start > %s "
+                "AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
                 [database_name(), after_sql_time],
             )[0][0]
-            == 1
+            >= 1
         ),
         timeout=20,
-        message="the worker to claim and go idle",
+        message="the worker to go idle",
     )
 
 
