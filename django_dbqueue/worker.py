@@ -34,7 +34,7 @@ from .connections import (
 from .context import JobContext
 from .exceptions import DiscardJob, RetryJob
 from .heartbeat import Heartbeat
-from .notifications import Listener
+from .notifications import Listener, parse_wakeup
 from .outcomes import clamp_delay, encode_result, error_record
 from .scheduler import Scheduler
 from .sweeper import Sweeper
@@ -342,8 +342,8 @@ class Worker:
     # ---------------------------------------------------------------------------------------
     # Notifications
     # ---------------------------------------------------------------------------------------
-    def _on_notify(self, queue_name):
-        if queue_name is None or queue_name in self.queues:
+    def _on_notify(self, payload):
+        if payload is None or parse_wakeup(payload)[0] in self.queues:
             self._wakeup.set()
 
     # ---------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_dbqueue import store
+from django_dbqueue import store, wakeup
 from django_dbqueue.conf import get_settings
 from django_dbqueue.management.arguments import whole_number
 from django_dbqueue.models import BackgroundJob
@@ -59,9 +59,10 @@ class Command(BaseCommand):
                 f"dry run: would requeue {len(eligible)} of {len(ids)} job(s): {eligible}"
             )
             return
-        moved = store.requeue(conf.DATABASE, ids, channel=conf.NOTIFY_CHANNEL)
+        moved = store.requeue(conf.DATABASE, ids)
+        wakeup.jobs_ready(conf.DATABASE, moved.values())
         self.stdout.write(f"requeued {len(moved)} of {len(ids)} job(s)")
-        left = sorted(set(ids) - moved)
+        left = sorted(set(ids) - set(moved))
         if left:
             self.stderr.write(f"left alone (not dead or cancelled, or no such job): {left}")
 
@@ -85,7 +86,9 @@ class Command(BaseCommand):
             if not ids:
                 break
             after = ids[-1]
-            done += len(store.requeue(conf.DATABASE, ids, channel=conf.NOTIFY_CHANNEL))
+            moved = store.requeue(conf.DATABASE, ids)
+            wakeup.jobs_ready(conf.DATABASE, moved.values())
+            done += len(moved)
             self._progress(done, total)
         self.stdout.write(f"requeued {done} {what}")
 
