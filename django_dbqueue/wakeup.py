@@ -182,7 +182,7 @@ class _Coalescer:
                 due, next_due = self._take_due(now)
                 cold = {key[0] for key in self._pending} - set(sessions)
                 idle = self._close_requested or (
-                    next_due is None and sessions and now - last_sent >= IDLE_CLOSE
+                    not due and next_due is None and sessions and now - last_sent >= IDLE_CLOSE
                 )
                 if not due and not cold and not idle:
                     if next_due is not None:
@@ -201,6 +201,7 @@ class _Coalescer:
             for using in cold:  # connect while the window runs, not when it ends
                 if using not in sessions:
                     sessions[using] = self._session(using, warm=True)
+                    last_sent = time.monotonic()  # its idle time starts now
             if idle:
                 for session in sessions.values():
                     session.close()
