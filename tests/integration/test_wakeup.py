@@ -175,3 +175,21 @@ def test_requeue_and_run_now_wake_their_queues_after_the_commit(listener):
         wakeup.jobs_ready("default", store.run_now("default", [later]).values())
         assert listener.collect(0.05) == ["3:default"]
     assert listener.until_jobs(4) == ["3:default", "1:emails"]
+
+
+def test_while_the_sender_is_connected_the_committing_thread_pays_no_round_trip(
+    listener, monkeypatch
+):
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr(wakeup, "WINDOW", 0.05)
+    enqueue("noop")
+    enqueue("noop")  # a burst: the sender thread connects and sends the trailing one
+    listener.until_jobs(2)
+    wait_until(lambda: "default" in wakeup._COALESCER._connected, message="the sender")
+    with CaptureQueriesContext(connection) as queries:
+        with transaction.atomic():
+            enqueue("noop")
+        enqueue("noop")
+    assert not [q for q in queries if "pg_notify" in q["sql"]], queries.captured_queries
+    assert sum(parse_wakeup(p)[1] for p in listener.until_jobs(4)) == 4
