@@ -126,8 +126,10 @@ class _Coalescer:
                 if here and now - self._last.get(key, -math.inf) >= WINDOW:
                     self._last[key] = now
                     send.append(payload(count + self._pending.pop(key, 0), queue))
+                elif key in self._pending:  # the sender already knows when it falls due
+                    self._pending[key] += count
                 else:
-                    self._pending[key] = self._pending.get(key, 0) + count
+                    self._pending[key] = count
                     self._start_sender()
                     self._cond.notify_all()
         if send:
