@@ -14,13 +14,14 @@ another. Instead the jobs' writers (``enqueue``, ``enqueue_many``, requeue, run 
 
 The notification is a statement of its own, a transaction that does not wait for the WAL flush
 (``sql.NOTIFY_WORKERS``), with the payload ``"<count>:<queue>"``. Per process, per database and
-queue, at most one is sent per :data:`WINDOW`: the first at once on the committing thread's
-connection, the rest of the window's jobs added up into one trailing notification that a sender
-thread sends when the window ends, so the last job of a burst is never left to the poll. That
+queue, at most one is sent per :data:`WINDOW`, on the committing thread's connection: the first
+commit after a window has passed sends it, carrying the count of every job committed since the
+previous one. So that the last jobs of a burst are never left to the poll, a sender thread sends
+what is still pending half a window after the window ended, when no commit came to carry it. That
 thread opens its own connection only when a burst needs it, and closes it after
-:data:`IDLE_CLOSE` seconds without one. While it is connected (the process is enqueueing in
-bursts) it sends every notification, the first of a window too, so a busy producer pays no round
-trip for its wake-ups at all; a lone enqueue pays one statement after its commit.
+:data:`IDLE_CLOSE` seconds without one. (Sending everything from the thread would spare the
+committing thread its round trip, but was measured to slow a busy process down more: the
+thread's Python work competes for the GIL with the requests.)
 
 A wake-up is only a hint. A failed one is logged at WARNING and never raised: the caller's data
 has committed. A crash between the commit and the notification costs latency, not the job: the
@@ -110,7 +111,6 @@ class _Coalescer:
         self._sender = None
         self._sending = 0  # trailing notifications taken off _pending and not yet sent
         self._close_requested = False
-        self._connected = set()  # the aliases the sender has a connection to
 
     def committed(self, using, channel, counts):
         """Jobs committed on ``using``: notify now on this thread's connection, or add them to
@@ -118,12 +118,9 @@ class _Coalescer:
         now = time.monotonic()
         send = []
         with self._cond:
-            # While the sender is connected (this process is enqueueing in bursts), it sends
-            # everything: the committing thread then pays no round trip for the wake-up at all.
-            here = using not in self._connected
             for queue, count in counts.items():
                 key = (using, channel, queue)
-                if here and now - self._last.get(key, -math.inf) >= WINDOW:
+                if now - self._last.get(key, -math.inf) >= WINDOW:
                     self._last[key] = now
                     send.append(payload(count + self._pending.pop(key, 0), queue))
                 elif key in self._pending:  # the sender already knows when it falls due
@@ -145,7 +142,7 @@ class _Coalescer:
                     count, queue = item.split(":", 1)
                     key = (using, channel, queue)
                     self._pending[key] = self._pending.get(key, 0) + int(count)
-                    self._last[key] = now - WINDOW
+                    self._last[key] = now - 2 * WINDOW  # due at once
                 self._start_sender()
                 self._cond.notify_all()
             return
@@ -171,7 +168,9 @@ class _Coalescer:
         the time the next one falls due (or None)."""
         due, next_due = {}, None
         for key, count in list(self._pending.items()):
-            at = self._last.get(key, -math.inf) + WINDOW
+            # Half a window of grace: a commit arriving after the window carries the count
+            # itself, on its own connection; the thread only covers the end of a burst.
+            at = self._last.get(key, -math.inf) + 1.5 * WINDOW
             if at <= now:
                 del self._pending[key]
                 self._last[key] = now
@@ -218,7 +217,6 @@ class _Coalescer:
                 self._sending = 0
                 if idle:
                     self._close_requested = False
-                self._connected = {using for using, session in sessions.items() if session.conn}
                 self._cond.notify_all()
 
     @staticmethod
@@ -259,7 +257,7 @@ class _Coalescer:
         """In a forked child: the parent's sender thread and its pending counts stay with it."""
         self._cond = threading.Condition()
         self._last, self._pending, self._sender = {}, {}, None
-        self._sending, self._close_requested, self._connected = 0, False, set()
+        self._sending, self._close_requested = 0, False
 
 
 _COALESCER = _Coalescer()
