@@ -47,6 +47,7 @@ class Command(BaseCommand):
             self._by_ids(conf, sorted(set(options["ids"])), options["dry_run"])
         else:
             self._dead(conf, options["type"], options["queue"], options["dry_run"])
+        wakeup.flush()  # batches requeued within 5 ms of each other: send the last wake-up too
 
     def _by_ids(self, conf, ids, dry_run):
         if dry_run:
