@@ -15,8 +15,9 @@
   psycopg+notify  the same with ``pg_notify`` in the job INSERT
 
   ``--variants`` adds two of ours with one design choice undone, to measure it:
-  ours-window0 (no coalescing: every commit notifies) and ours-sync-notify (the wake-up
-  statement waits for the WAL flush: no ``set_config('synchronous_commit', 'off', true)``).
+  ours-window0 (no coalescing: every commit notifies), ours-sync-notify (the wake-up
+  statement waits for the WAL flush: no ``set_config('synchronous_commit', 'off', true)``) and
+  ours-thread (every notification sent by the sender thread: no round trip for the caller).
 
   Reported per side: transactions/s (the sum of the producers' rates), p50/p99 latency of a
   transaction (from before its first statement to the return of its commit and, for ours, its
@@ -78,7 +79,7 @@ BARE_ENQUEUE = BASE_ENQUEUE.replace(", pg_notify(%(channel)s, %(queue)s)", "")
 assert "pg_notify" not in BARE_ENQUEUE
 
 SIDES = ["ours", "django-bare", "django+notify", "psycopg", "psycopg+notify"]
-VARIANTS = ["ours-window0", "ours-sync-notify"]
+VARIANTS = ["ours-window0", "ours-sync-notify", "ours-thread"]
 
 SAMPLE = """
 SELECT pid, wait_event_type, wait_event FROM pg_stat_activity
@@ -136,6 +137,8 @@ def django_transaction(side):
         wakeup.WINDOW = 0.0
     if side == "ours-sync-notify":
         sql.NOTIFY_WORKERS = sql.NOTIFY_WORKERS_AT_COMMIT  # the same statement, flushed
+    if side == "ours-thread":
+        route_every_wake_up_through_the_sender(wakeup)
     statement = BASE_ENQUEUE if side == "django+notify" else BARE_ENQUEUE
     pid = os.getpid()
 
@@ -169,6 +172,28 @@ def psycopg_transaction(side, params):
             conn.execute(statement, bare_values(invoice_id)).fetchone()
 
     return run, conn.info.backend_pid
+
+
+def route_every_wake_up_through_the_sender(wakeup):
+    """ours-thread: the committing thread only hands its counts to the sender thread, which
+    sends every notification (no round trip on the request's connection)."""
+    coalescer = wakeup._COALESCER
+
+    def committed(using, channel, counts):
+        now = time.monotonic()
+        with coalescer._cond:
+            for queue, count in counts.items():
+                key = (using, channel, queue)
+                if key in coalescer._pending:
+                    coalescer._pending[key] += count
+                    continue
+                coalescer._pending[key] = count
+                if now - coalescer._last.get(key, -1e9) >= wakeup.WINDOW:
+                    coalescer._last[key] = now - 2 * wakeup.WINDOW  # due at once
+                coalescer._start_sender()
+                coalescer._cond.notify_all()
+
+    coalescer.committed = committed
 
 
 def producer_main(args):
@@ -462,9 +487,13 @@ def print_enqueue(runs, sides):
         ("django-bare", "psycopg", "-", None),
     ] + [(v, "ours", "-", None) for v in sides if v in VARIANTS]
     for a, b, target, limit in checks:
+        if a not in sides or b not in sides:
+            continue
         r, lo, hi = ratio(a, b)
         verdict = "" if limit is None else ("PASS" if r >= limit else "MISS")
         print(f"tx/s {a + '/' + b:30} {r:5.2f}x [{lo:.2f}..{hi:.2f}]  {target} {verdict}")
+    if "ours" not in sides:
+        return
     share = median_of(runs, "ours", "lock_share")[0]
     print(
         f"ours: producers waiting on Lock/object {share:.2%}  < 1%  {'PASS' if share < 0.01 else 'MISS'}"
@@ -503,6 +532,7 @@ def parse_args(argv=None):
         default=50.0,
         help="tx/s of each producer during the loaded wake-up (0: flat out; default 50)",
     )
+    parser.add_argument("--sides", help="a subset of the sides, comma-separated")
     parser.add_argument("--database", default="dbqueue_bench")
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--json", metavar="FILE")
@@ -513,6 +543,7 @@ def parse_args(argv=None):
     parser.add_argument("--wakeup-producer", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.only = args.only.split(",")
+    args.sides = args.sides.split(",") if args.sides else None
     return args
 
 
@@ -526,7 +557,7 @@ def main(argv=None):
     ensure_database(db, args.database)
     setup_django(db)
     child_args = ["--database", args.database, "--synchronous-commit", args.synchronous_commit]
-    sides = SIDES + (VARIANTS if args.variants else [])
+    sides = args.sides or SIDES + (VARIANTS if args.variants else [])
     params = libpq_params(db)
     with psycopg.connect(**params, autocommit=True) as admin:
         env = Env(params, admin)
