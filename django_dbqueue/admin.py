@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from . import charts, dashboard, registry, store
+from . import charts, dashboard, registry, store, wakeup
 from .conf import get_settings
 from .models import BackgroundJob, DeadLetter, JobDelivery
 from .states import FINISHED_STATES, DeliveryState, JobState
@@ -309,13 +309,17 @@ class BackgroundJobAdmin(admin.ModelAdmin):
     )
     def requeue(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True))
-        moved = store.requeue(get_settings().DATABASE, ids, channel=get_settings().NOTIFY_CHANNEL)
+        using = get_settings().DATABASE
+        moved = store.requeue(using, ids)
+        wakeup.jobs_ready(using, moved.values())
         self._report(request, "Requeued", moved, ids, "only dead or cancelled jobs can be requeued")
 
     @admin.action(description="Run now (scheduled → due now)", permissions=["run_now"])
     def run_now(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True))
-        moved = store.run_now(get_settings().DATABASE, ids, channel=get_settings().NOTIFY_CHANNEL)
+        using = get_settings().DATABASE
+        moved = store.run_now(using, ids)
+        wakeup.jobs_ready(using, moved.values())
         self._report(
             request,
             "Made due now",

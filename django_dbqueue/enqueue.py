@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from . import payloads, registry, store, tracing, validation
+from . import payloads, registry, store, tracing, validation, wakeup
 from .conf import get_settings
 from .exceptions import EnqueueError, UnknownJobType, UnsupportedDatabase
 
@@ -131,9 +131,11 @@ def enqueue(
     **Transactions.** The INSERT runs on the connection of database ``using`` (default
     ``DBQUEUE["DATABASE"]``) in whatever transaction is open there. Inside
     ``transaction.atomic()`` the job commits with your other writes and disappears if they roll
-    back; workers are notified (``pg_notify``) only when the transaction commits. In autocommit
-    the INSERT commits at once. Writes made through another database alias are *not* in the
-    same transaction.
+    back. Workers are woken only after it commits, by a notification sent on the same connection
+    as a statement of its own (coalesced per queue over a few milliseconds; see
+    ``django_dbqueue.wakeup``); a rollback sends nothing. In autocommit the INSERT commits at once
+    and the notification follows it. Writes made through another database alias are *not* in
+    the same transaction.
 
     **Idempotency.** With ``idempotency_key``, at most one job with that key exists: if one does
     (in any state, until it is pruned), nothing is inserted and its id is returned with
@@ -167,8 +169,11 @@ def enqueue(
     if traceparent is not None:  # only inside an OpenTelemetry trace (docs/observability.md)
         values["traceparent"] = traceparent
     while True:
-        job_id = store.insert_job(using, channel=conf.NOTIFY_CHANNEL, **values)
-        if job_id is not None:
+        inserted = store.insert_job(using, **values)
+        if inserted is not None:
+            job_id, due = inserted
+            if due:
+                wakeup.jobs_ready(using, (values["queue"],))
             return EnqueuedJob(job_id, True, type, values["queue"])
         existing = store.ids_by_keys(using, [idempotency_key]).get(idempotency_key)
         if existing is not None:
@@ -213,8 +218,8 @@ def _spec(item, index):
 
 
 def enqueue_many(jobs, *, using=None):
-    """Add many jobs in one INSERT statement and one notification per queue; same rules as
-    :func:`enqueue`, inside the caller's transaction.
+    """Add many jobs in one INSERT statement; same rules as :func:`enqueue`, inside the caller's
+    transaction. After the commit, one notification per queue carries that queue's job count.
 
     Each item is ``(type, payload)`` or a dict of ``enqueue()``'s arguments. Every item is
     validated before anything is written; an error names the item's index. Returns a list of
@@ -251,16 +256,12 @@ def enqueue_many(jobs, *, using=None):
         "leases": [p["lease"] for p in prepared],
         "keys": [p["key"] for p in prepared],
     }
-    rows = store.insert_jobs(
-        using,
-        channel=conf.NOTIFY_CHANNEL,
-        columns=columns,
-        traceparent=tracing.current_traceparent(),
-    )
+    rows = store.insert_jobs(using, columns=columns, traceparent=tracing.current_traceparent())
+    wakeup.jobs_ready(using, (queue for _, _, queue, due in rows if due))
     # RETURNING order is not guaranteed; rows without a key map back by insertion order, which
     # INSERT ... SELECT ... ORDER BY preserves for the id sequence.
-    keyed = {key: job_id for job_id, key, _ in rows if key is not None}
-    unkeyed = sorted(job_id for job_id, key, _ in rows if key is None)
+    keyed = {key: job_id for job_id, key, _, _ in rows if key is not None}
+    unkeyed = sorted(job_id for job_id, key, _, _ in rows if key is None)
     missing = [p["key"] for p in prepared if p["key"] is not None and p["key"] not in keyed]
     existing = store.ids_by_keys(using, missing) if missing else {}
     result, unkeyed_iter, seen = [], iter(unkeyed), set()

@@ -19,6 +19,19 @@ from .connections import connect
 logger = logging.getLogger("django_dbqueue.notifications")
 
 
+def parse_wakeup(payload):
+    """``(queue, count)`` from a notification's payload ``"<count>:<queue>"`` (wakeup.py).
+
+    The count is how many jobs became ready on that queue, so a group of workers can wake as many
+    of them as there are jobs. A payload whose head before the first ``:`` is not a number is an
+    older sender's bare queue name, counted as one job.
+    """
+    head, sep, queue = payload.partition(":")
+    if sep and head.isascii() and head.isdigit():  # isdigit() alone takes "²", which int() refuses
+        return queue, int(head)
+    return payload, 1
+
+
 class Listener(threading.Thread):
     """A daemon thread that LISTENs on ``channel`` and calls ``on_notify(payload)``.
 
@@ -167,12 +180,3 @@ class GroupWaker:
                 pass  # its pipe is full: it has wake-ups waiting already
             except OSError:
                 pass
-
-
-def parse_wakeup(payload):
-    """``(queue, count)`` of a notification payload: ``"<count>:<queue>"``, or a bare queue name
-    (count 1), as sent before counts were added."""
-    head, sep, rest = payload.partition(":")
-    if sep and head.isdigit():
-        return rest, int(head)
-    return payload, 1

@@ -5,16 +5,18 @@ Statements that touch many rows take arrays and ``unnest`` them, so a batch is o
 Time is always the database's ``now()``, never a worker's clock.
 """
 
-# Enqueue: one round trip, one statement. pg_notify in RETURNING runs only for a row really
-# inserted and is delivered at commit; PostgreSQL folds identical notifications within a
-# transaction into one, so a transaction that enqueues many jobs on one queue wakes the workers
-# once. Four variants, built here once from one template: with or without an idempotency key
-# (ON CONFLICT makes "at most one job per key" hold under a race: the second inserter waits for
-# the first to commit, then inserts and notifies nothing), and due now or scheduled. The plain
-# variant is what nearly every enqueue runs, and the server parses and plans a statement with
-# fewer parameters and no expressions measurably faster. Each has a traced twin (``_TRACED``)
-# that also stores the enqueuer's W3C traceparent; the untraced ones leave the column out, so an
-# enqueue outside a trace binds nothing more than it did before tracing existed.
+# Enqueue: one round trip, one statement, and no notification. A NOTIFY inside the caller's
+# transaction would make PostgreSQL take a cluster-wide lock at its commit and hold it through the
+# WAL flush, so concurrent enqueuing commits would queue behind each other; the wake-up is sent
+# after the commit instead (NOTIFY_WORKERS, wakeup.py). Four variants, built here once from one
+# template: with or without an idempotency key (ON CONFLICT makes "at most one job per key" hold
+# under a race: the second inserter waits for the first to commit, then inserts nothing and
+# returns no row), and due now or scheduled. A scheduled variant also says whether the job is
+# already due by the database's clock, so that only a due job wakes a worker. The plain variant
+# is what nearly every enqueue runs, and the server parses and plans a statement with fewer
+# parameters and no expressions measurably faster. Each has a traced twin (``_TRACED``) that also
+# stores the enqueuer's W3C traceparent; the untraced ones leave the column out, so an enqueue
+# outside a trace binds nothing more than it did before tracing existed.
 _INSERT_JOB = """
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
@@ -24,57 +26,74 @@ VALUES (
     %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s, {run_after},
     0, %(max_attempts)s, %(lease)s, {key}, '[]'::jsonb, now(){trace_value}
 )
-{conflict}RETURNING id, pg_notify(%(channel)s, queue)::text
+{conflict}RETURNING id, {due}
 """
 _SCHEDULED = "COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second')"
 _ON_CONFLICT = "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING\n"
-
+_DUE = "run_after <= now()"
 _UNTRACED = {"trace_column": "", "trace_value": ""}
 _TRACED = {"trace_column": ", traceparent", "trace_value": ", %(traceparent)s"}
 
-INSERT_JOB = _INSERT_JOB.format(run_after="now()", key="NULL", conflict="", **_UNTRACED)
-INSERT_JOB_SCHEDULED = _INSERT_JOB.format(
-    run_after=_SCHEDULED, key="NULL", conflict="", **_UNTRACED
-)
-INSERT_JOB_WITH_KEY = _INSERT_JOB.format(
-    run_after="now()", key="%(key)s", conflict=_ON_CONFLICT, **_UNTRACED
-)
-INSERT_JOB_SCHEDULED_WITH_KEY = _INSERT_JOB.format(
-    run_after=_SCHEDULED, key="%(key)s", conflict=_ON_CONFLICT, **_UNTRACED
-)
-INSERT_JOB_TRACED = _INSERT_JOB.format(run_after="now()", key="NULL", conflict="", **_TRACED)
-INSERT_JOB_SCHEDULED_TRACED = _INSERT_JOB.format(
-    run_after=_SCHEDULED, key="NULL", conflict="", **_TRACED
-)
-INSERT_JOB_WITH_KEY_TRACED = _INSERT_JOB.format(
-    run_after="now()", key="%(key)s", conflict=_ON_CONFLICT, **_TRACED
-)
-INSERT_JOB_SCHEDULED_WITH_KEY_TRACED = _INSERT_JOB.format(
-    run_after=_SCHEDULED, key="%(key)s", conflict=_ON_CONFLICT, **_TRACED
-)
 
-# The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs. Every job of
-# one batch shares the enqueuer's trace context; the traced twin binds it once.
-_INSERT_JOBS = """
-WITH inserted AS (
-    INSERT INTO dbqueue_job (
-        type, queue, payload, state, priority, run_after, attempts, max_attempts,
-        lease_seconds, idempotency_key, errors, created_at{trace_column}
+def _insert_job(scheduled, keyed, trace):
+    return _INSERT_JOB.format(
+        run_after=_SCHEDULED if scheduled else "now()",
+        key="%(key)s" if keyed else "NULL",
+        conflict=_ON_CONFLICT if keyed else "",
+        due=_DUE if scheduled else "true",
+        **trace,
     )
-    SELECT u.type, u.queue, u.payload::jsonb, 'pending', u.priority,
-           COALESCE(u.run_after, now() + u.delay * interval '1 second'),
-           0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now(){trace_value}
-    FROM unnest(
-        %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
-        %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
-        %(leases)s::float8[], %(keys)s::text[]
-    ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts,
-                           lease, key, ord)
-    ORDER BY u.ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, idempotency_key
+
+
+INSERT_JOB = _insert_job(False, False, _UNTRACED)
+INSERT_JOB_SCHEDULED = _insert_job(True, False, _UNTRACED)
+INSERT_JOB_WITH_KEY = _insert_job(False, True, _UNTRACED)
+INSERT_JOB_SCHEDULED_WITH_KEY = _insert_job(True, True, _UNTRACED)
+INSERT_JOB_TRACED = _insert_job(False, False, _TRACED)
+INSERT_JOB_SCHEDULED_TRACED = _insert_job(True, False, _TRACED)
+INSERT_JOB_WITH_KEY_TRACED = _insert_job(False, True, _TRACED)
+INSERT_JOB_SCHEDULED_WITH_KEY_TRACED = _insert_job(True, True, _TRACED)
+
+# The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs; each row
+# inserted comes back with its queue and whether it is due, for the wake-up after the commit.
+# Every job of one batch shares the enqueuer's trace context; the traced twin binds it once.
+_INSERT_JOBS = """
+INSERT INTO dbqueue_job (
+    type, queue, payload, state, priority, run_after, attempts, max_attempts,
+    lease_seconds, idempotency_key, errors, created_at{trace_column}
 )
-SELECT id, idempotency_key, pg_notify(%(channel)s, queue)::text FROM inserted
+SELECT u.type, u.queue, u.payload::jsonb, 'pending', u.priority,
+       COALESCE(u.run_after, now() + u.delay * interval '1 second'),
+       0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now(){trace_value}
+FROM unnest(
+    %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
+    %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
+    %(leases)s::float8[], %(keys)s::text[]
+) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts, lease,
+                       key, ord)
+ORDER BY u.ord
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING id, idempotency_key, queue, run_after <= now()
+"""
+INSERT_JOBS = _INSERT_JOBS.format(**_UNTRACED)
+INSERT_JOBS_TRACED = _INSERT_JOBS.format(**_TRACED)
+
+# The wake-up: one notification per queue, payload "<count>:<queue>", sent after the jobs'
+# transaction committed, as a transaction of its own. NOTIFY takes a cluster-wide lock at commit
+# and holds it until the commit is done; synchronous_commit = off for this transaction only
+# (set_config's is_local) makes that commit not wait for the WAL flush, so the lock is held for
+# microseconds and enqueuing commits never queue behind a flush. Losing it in a crash loses
+# nothing but a wake-up (the worker's poll is the backstop). Never run inside a caller's open
+# transaction: that would turn off synchronous commit for the caller's own writes.
+NOTIFY_WORKERS = """
+SELECT pg_notify(%(channel)s, payload), set_config('synchronous_commit', 'off', true)
+FROM unnest(%(payloads)s::text[]) AS payload
+"""
+
+# The same inside a transaction that the caller commits by hand (Django's manual transaction
+# management, where there is no on_commit): delivered at their commit, their durability untouched.
+NOTIFY_WORKERS_AT_COMMIT = """
+SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
 """
 INSERT_JOBS = _INSERT_JOBS.format(**_UNTRACED)
 INSERT_JOBS_TRACED = _INSERT_JOBS.format(**_TRACED)
@@ -321,40 +340,35 @@ RETURNING id
 
 # Operator actions -------------------------------------------------------------------------------
 # Each takes explicit ids and moves only the rows whose state allows it; the caller reports how
-# many moved and how many were left alone. Requeue and run-now notify the workers.
+# many moved and how many were left alone. Requeue and run-now return each job's queue, for the
+# wake-up their callers send after the commit (NOTIFY_WORKERS).
 
 # Dead or cancelled -> pending, attempts reset. The error history stays: it is the record of
 # what went wrong, and the next failures are appended after it. A "Requeued" entry marks where
 # the history starts again at attempt 1 (SET reads the row's old state and attempts); it has
 # the shape of an error entry, so that everything listing errors shows it as it is.
 REQUEUE_JOBS = """
-WITH moved AS (
-    UPDATE dbqueue_job
-    SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
-        leased_until = NULL, worker_id = NULL,
-        errors = errors || jsonb_build_array(jsonb_build_object(
-            'attempt', attempts,
-            'class', 'Requeued',
-            'message', 'requeued from ' || state || ' after ' || attempts
-                       || ' attempt(s); attempts start again at 1',
-            'traceback', '',
-            'worker', NULL,
-            'requeued', true,
-            'at', now()))
-    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('dead', 'cancelled')
-    RETURNING id, queue
-)
-SELECT id, pg_notify(%(channel)s, queue)::text FROM moved
+UPDATE dbqueue_job
+SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
+    leased_until = NULL, worker_id = NULL,
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempts,
+        'class', 'Requeued',
+        'message', 'requeued from ' || state || ' after ' || attempts
+                   || ' attempt(s); attempts start again at 1',
+        'traceback', '',
+        'worker', NULL,
+        'requeued', true,
+        'at', now()))
+WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('dead', 'cancelled')
+RETURNING id, queue
 """
 
 # Pending but scheduled for later -> due now.
 RUN_JOBS_NOW = """
-WITH moved AS (
-    UPDATE dbqueue_job SET run_after = now()
-    WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND run_after > now()
-    RETURNING id, queue
-)
-SELECT id, pg_notify(%(channel)s, queue)::text FROM moved
+UPDATE dbqueue_job SET run_after = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND run_after > now()
+RETURNING id, queue
 """
 
 # Pending -> cancelled. A running job is not cancelled: its handler is already under way.

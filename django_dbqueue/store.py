@@ -44,8 +44,10 @@ def _execute(db, statement, params):
         return cursor.fetchall()
 
 
-def insert_job(using, *, channel, **values):
-    """Insert one job; returns its id, or ``None`` when its idempotency key already exists."""
+def insert_job(using, **values):
+    """Insert one job; returns ``(id, due)``, or ``None`` when its idempotency key already exists.
+
+    ``due``: the job may run now by the database's clock (it is not scheduled for later)."""
     scheduled = values["run_after"] is not None or values["delay"]
     if values.get("traceparent") is not None:
         statement = _TRACED_INSERTS[(bool(scheduled), values["key"] is not None)]
@@ -53,9 +55,8 @@ def insert_job(using, *, channel, **values):
         statement = sql.INSERT_JOB_SCHEDULED if scheduled else sql.INSERT_JOB
     else:
         statement = sql.INSERT_JOB_SCHEDULED_WITH_KEY if scheduled else sql.INSERT_JOB_WITH_KEY
-    values["channel"] = channel
     rows = _execute(using, statement, values)
-    return rows[0][0] if rows else None
+    return rows[0] if rows else None
 
 
 _TRACED_INSERTS = {  # (scheduled, keyed) -> statement
@@ -66,12 +67,22 @@ _TRACED_INSERTS = {  # (scheduled, keyed) -> statement
 }
 
 
-def insert_jobs(using, *, channel, columns, traceparent=None):
-    """Insert many jobs in one statement; returns ``[(id, key, _), ...]`` of the rows inserted."""
+def insert_jobs(using, *, columns, traceparent=None):
+    """Insert many jobs in one statement; returns ``(id, key, queue, due)`` per row inserted."""
     if traceparent is not None:
-        params = {"channel": channel, "traceparent": traceparent, **columns}
-        return _execute(using, sql.INSERT_JOBS_TRACED, params)
-    return _execute(using, sql.INSERT_JOBS, {"channel": channel, **columns})
+        return _execute(using, sql.INSERT_JOBS_TRACED, {"traceparent": traceparent, **columns})
+    return _execute(using, sql.INSERT_JOBS, columns)
+
+
+def notify_workers(using, *, channel, payloads):
+    """Send one notification per payload on ``channel`` as a transaction of its own that does not
+    wait for the WAL flush. Only on a connection in autocommit, outside any transaction."""
+    _execute(using, sql.NOTIFY_WORKERS, {"channel": channel, "payloads": list(payloads)})
+
+
+def notify_workers_at_commit(using, *, channel, payloads):
+    """The same, inside the caller's open transaction: delivered when they commit it."""
+    _execute(using, sql.NOTIFY_WORKERS_AT_COMMIT, {"channel": channel, "payloads": list(payloads)})
 
 
 def ids_by_keys(using, keys):
@@ -205,16 +216,15 @@ def count_due(using, queues, bound=10000):
     return _execute(using, sql.COUNT_DUE, {"queues": list(queues), "bound": bound})[0][0]
 
 
-def requeue(using, ids, *, channel):
-    """Dead or cancelled jobs back to pending with attempts reset; returns the ids moved."""
-    rows = _execute(using, sql.REQUEUE_JOBS, {"ids": list(ids), "channel": channel})
-    return {row[0] for row in rows}
+def requeue(using, ids):
+    """Dead or cancelled jobs back to pending with attempts reset; returns ``{id: queue}`` of the
+    jobs moved (the caller wakes their queues: ``wakeup.jobs_ready``)."""
+    return dict(_execute(using, sql.REQUEUE_JOBS, {"ids": list(ids)}))
 
 
-def run_now(using, ids, *, channel):
-    """Scheduled pending jobs due now; returns the ids moved."""
-    rows = _execute(using, sql.RUN_JOBS_NOW, {"ids": list(ids), "channel": channel})
-    return {row[0] for row in rows}
+def run_now(using, ids):
+    """Scheduled pending jobs due now; returns ``{id: queue}`` of the jobs moved."""
+    return dict(_execute(using, sql.RUN_JOBS_NOW, {"ids": list(ids)}))
 
 
 def cancel(using, ids):

@@ -2,6 +2,7 @@ import threading
 
 import pytest
 
+from django_dbqueue import wakeup
 from django_dbqueue.worker import Worker
 
 FAST = {
@@ -47,3 +48,12 @@ def start_worker(fast_settings):
     for worker in started:
         worker.thread.join(15)
         assert not worker.thread.is_alive(), "worker did not stop"
+
+
+@pytest.fixture(autouse=True)
+def _wakeups_settled():
+    """Each test starts with no queue notified "just now" by the previous one (so its first
+    wake-up is sent at once), and leaves no wake-up sender connected to the test database."""
+    wakeup._COALESCER._last.clear()
+    yield
+    assert wakeup.flush(5.0, close=True), "wake-up sender did not settle"

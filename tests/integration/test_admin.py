@@ -318,7 +318,7 @@ def test_delete_finished_leaves_a_job_requeued_after_the_confirmation(as_user):
     finish(dead, "dead")
     client = as_user("delete_backgroundjob")
     post_action(client, "delete_finished", [dead])  # the confirmation page
-    store.requeue("default", [dead], channel="dbqueue")
+    store.requeue("default", [dead])
     response = client.post(
         reverse(CHANGELIST),
         {"action": "delete_finished", "post": "yes", "_selected_action": [dead]},

@@ -62,7 +62,7 @@ def test_job_commits_with_the_callers_writes_and_notifies_once_at_commit(listene
         enqueue("record", {"n": 2})
         enqueue("noop")
         assert listener.drain(0.05) == [], "a notification escaped before commit"
-    assert listener.drain(1.0) == ["default"]  # one per queue per transaction
+    assert listener.drain(1.0) == ["3:default"]  # one per queue per transaction, with its count
     assert job_row(first.id)["state"] == "pending"
     assert scalar("SELECT count(*) FROM dbqueue_job") == 3
 
@@ -79,16 +79,20 @@ def test_rollback_removes_job_and_domain_rows_and_sends_nothing(listener):
 
 def test_autocommit_enqueue_commits_at_once(listener):
     job = enqueue("noop")
-    assert listener.drain(1.0) == ["default"]
+    assert listener.drain(1.0) == ["1:default"]
     assert job_row(job.id)["state"] == "pending"
 
 
-def test_enqueue_is_one_round_trip():
+def test_enqueue_is_one_round_trip_and_the_wake_up_one_more_after_the_commit():
     from django.test.utils import CaptureQueriesContext
 
-    with CaptureQueriesContext(connection) as queries:
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
         enqueue("noop", {"x": 1})
-    assert len(queries) == 1
+        enqueue("noop", {"x": 2})
+        in_transaction = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
+        assert len(in_transaction) == 2  # one INSERT each, no notification among them
+    after = [q["sql"] for q in queries][len(in_transaction) :]
+    assert [sql for sql in after if "pg_notify" in sql] == [after[-1]]  # one, after COMMIT
 
 
 def test_enqueue_many_one_statement_in_order_and_one_notification(listener):
@@ -97,9 +101,10 @@ def test_enqueue_many_one_statement_in_order_and_one_notification(listener):
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
         jobs = enqueue_many([("record", {"i": i}) for i in range(50)] + [("email", {})])
     statements = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 1, statements
+    assert len(statements) == 2, statements  # the INSERT, then one wake-up after the commit
+    assert "pg_notify" not in statements[0] and "pg_notify" in statements[1]
     assert [job_row(j.id)["payload"] for j in jobs[:50]] == [{"i": i} for i in range(50)]
-    assert sorted(listener.drain(1.0)) == ["default", "emails"]
+    assert sorted(listener.drain(1.0)) == ["1:emails", "50:default"]
 
 
 def test_options_are_stored():

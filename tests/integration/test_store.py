@@ -285,7 +285,7 @@ def test_same_attempt_number_handed_out_again_is_still_fenced_by_the_token():
     (stale,) = claim(worker="A")
     expire(job.id)
     assert Sweeper("default").rescue() == {"rescued": 0, "dead": 1}
-    assert store.requeue("default", [job.id], channel="dbqueue") == {job.id}
+    assert store.requeue("default", [job.id]) == {job.id: "default"}
     (fresh,) = claim(worker="B")
     assert stale.attempt == fresh.attempt == 1
     err = {"attempt": 1, "class": "E", "message": "late", "traceback": "", "worker": "A"}
@@ -308,7 +308,7 @@ def test_same_worker_same_attempt_is_fenced_by_the_token():
     first = token("A")
     expire(job.id)
     assert Sweeper("default").rescue() == {"rescued": 0, "dead": 1}
-    assert store.requeue("default", [job.id], channel="dbqueue") == {job.id}
+    assert store.requeue("default", [job.id]) == {job.id: "default"}
     claim(worker="A")
     second = token("A")
     assert first != second

@@ -2,7 +2,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_dbqueue import store
+from django_dbqueue import store, wakeup
 from django_dbqueue.conf import get_settings
 from django_dbqueue.management.arguments import job_type_name, queue_name, whole_number
 from django_dbqueue.management.preflight import queue_database
@@ -53,6 +53,7 @@ class Command(BaseCommand):
             self._by_ids(conf, sorted(set(options["ids"])), options["dry_run"])
         else:
             self._dead(conf, options["type"], options["queue"], options["dry_run"])
+        wakeup.flush()  # batches requeued within 5 ms of each other: send the last wake-up too
 
     def _by_ids(self, conf, ids, dry_run):
         if dry_run:
@@ -65,9 +66,10 @@ class Command(BaseCommand):
                 f"dry run: would requeue {len(eligible)} of {len(ids)} job(s): {eligible}"
             )
             return
-        moved = store.requeue(conf.DATABASE, ids, channel=conf.NOTIFY_CHANNEL)
+        moved = store.requeue(conf.DATABASE, ids)
+        wakeup.jobs_ready(conf.DATABASE, moved.values())
         self.stdout.write(f"requeued {len(moved)} of {len(ids)} job(s)")
-        left = sorted(set(ids) - moved)
+        left = sorted(set(ids) - set(moved))
         if left:
             self.stderr.write(f"left alone (not dead or cancelled, or no such job): {left}")
 
@@ -91,7 +93,9 @@ class Command(BaseCommand):
             if not ids:
                 break
             after = ids[-1]
-            done += len(store.requeue(conf.DATABASE, ids, channel=conf.NOTIFY_CHANNEL))
+            moved = store.requeue(conf.DATABASE, ids)
+            wakeup.jobs_ready(conf.DATABASE, moved.values())
+            done += len(moved)
             self._progress(done, total)
         self.stdout.write(f"requeued {done} {what}")
 

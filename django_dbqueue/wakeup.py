@@ -1,0 +1,271 @@
+"""Waking the workers after a commit: one notification per queue, coalesced, never in the caller's
+transaction.
+
+A ``pg_notify`` inside the enqueuing transaction makes PostgreSQL take a cluster-wide lock at its
+commit and hold it through the WAL flush, so concurrent enqueuing commits would queue behind one
+another. Instead the jobs' writers (``enqueue``, ``enqueue_many``, requeue, run now) call
+:func:`jobs_ready`, and the notification is sent once their transaction has committed:
+
+- inside ``transaction.atomic()``: from one ``on_commit`` hook per transaction, which runs after
+  the outermost block committed, on the same connection, now back in autocommit;
+- in autocommit: right after the statement (it has committed);
+- under manual transaction management (``set_autocommit(False)``, no ``on_commit`` there): inside
+  the caller's transaction, delivered at their commit, as before.
+
+The notification is a statement of its own, a transaction that does not wait for the WAL flush
+(``sql.NOTIFY_WORKERS``), with the payload ``"<count>:<queue>"``. Per process, per database and
+queue, at most one is sent per :data:`WINDOW`, on the committing thread's connection: the first
+commit after a window has passed sends it, carrying the count of every job committed since the
+previous one. So that the last jobs of a burst are never left to the poll, a sender thread sends
+what is still pending half a window after the window ended, when no commit came to carry it. That
+thread opens its own connection only when a burst needs it, and closes it after
+:data:`IDLE_CLOSE` seconds without one. (Sending everything from the thread would spare the
+committing thread its round trip, but was measured to slow a busy process down more: the
+thread's Python work competes for the GIL with the requests.)
+
+A wake-up is only a hint. A failed one is logged at WARNING and never raised: the caller's data
+has committed. A crash between the commit and the notification costs latency, not the job: the
+workers' poll finds it.
+"""
+
+import logging
+import math
+import os
+import threading
+import time
+from collections import Counter
+
+from django.db import connections, transaction
+
+from . import store
+from .conf import get_settings
+from .connections import Session
+
+logger = logging.getLogger("django_dbqueue.wakeup")
+
+WINDOW = 0.005  # seconds: at most one notification per queue per process in this window, + trailing
+IDLE_CLOSE = 10.0  # seconds without a trailing notification before the sender closes its connection
+
+
+def payload(count, queue):
+    """The notification's payload: how many jobs became ready on ``queue``."""
+    return f"{count}:{queue}"
+
+
+def jobs_ready(using, queues):
+    """Wake the workers for jobs just written on ``using``'s current transaction.
+
+    ``queues``: one queue name per job that a worker may claim now (scheduled jobs do not count).
+    Sends nothing until that transaction commits, and nothing at all if it rolls back.
+    """
+    counts = Counter(queues)
+    if not counts:
+        return
+    channel = get_settings().NOTIFY_CHANNEL
+    connection = connections[using]
+    if connection.in_atomic_block:
+        _after_commit(connection, using).add(channel, counts)
+    elif connection.get_autocommit():
+        _COALESCER.committed(using, channel, counts)
+    else:  # manual transaction management: no on_commit; ride in the caller's transaction
+        store.notify_workers_at_commit(
+            using, channel=channel, payloads=[payload(n, q) for q, n in counts.items()]
+        )
+
+
+class _AfterCommit:
+    """The ``on_commit`` hook of one transaction: the counts of every ``jobs_ready`` call in it."""
+
+    __slots__ = ("counts", "using")
+
+    def __init__(self, using):
+        self.using = using
+        self.counts = {}  # channel -> Counter(queue -> jobs)
+
+    def add(self, channel, counts):
+        self.counts.setdefault(channel, Counter()).update(counts)
+
+    def __call__(self):
+        for channel, counts in self.counts.items():
+            _COALESCER.committed(self.using, channel, counts)
+
+
+def _after_commit(connection, using):
+    """This transaction's hook, registered on its first call. A hook that Django dropped (its
+    savepoint or transaction rolled back) is no longer in ``run_on_commit``: start a new one."""
+    hook = getattr(connection, "_dbqueue_after_commit", None)
+    if hook is None or not any(entry[1] is hook for entry in connection.run_on_commit):
+        hook = _AfterCommit(using)
+        connection._dbqueue_after_commit = hook
+        transaction.on_commit(hook, using=using)
+    return hook
+
+
+class _Coalescer:
+    """Per process: when each queue was last notified, and what waits for the trailing one."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._last = {}  # (using, channel, queue) -> time.monotonic() of the last notification
+        self._pending = {}  # (using, channel, queue) -> jobs waiting for the trailing notification
+        self._sender = None
+        self._sending = 0  # trailing notifications taken off _pending and not yet sent
+        self._close_requested = False
+
+    def committed(self, using, channel, counts):
+        """Jobs committed on ``using``: notify now on this thread's connection, or add them to
+        the trailing notification when their queue was notified less than WINDOW ago."""
+        now = time.monotonic()
+        send = []
+        with self._cond:
+            for queue, count in counts.items():
+                key = (using, channel, queue)
+                if now - self._last.get(key, -math.inf) >= WINDOW:
+                    self._last[key] = now
+                    send.append(payload(count + self._pending.pop(key, 0), queue))
+                elif key in self._pending:  # the sender already knows when it falls due
+                    self._pending[key] += count
+                else:
+                    self._pending[key] = count
+                    self._start_sender()
+                    self._cond.notify_all()
+        if send:
+            self._send_here(using, channel, send, now)
+
+    def _send_here(self, using, channel, payloads, now):
+        connection = connections[using]
+        if connection.in_atomic_block or not connection.get_autocommit():
+            # A transaction is open again (an earlier on_commit hook opened one): sending here
+            # would turn off synchronous commit for it. The sender thread sends instead.
+            with self._cond:
+                for item in payloads:
+                    count, queue = item.split(":", 1)
+                    key = (using, channel, queue)
+                    self._pending[key] = self._pending.get(key, 0) + int(count)
+                    self._last[key] = now - 2 * WINDOW  # due at once
+                self._start_sender()
+                self._cond.notify_all()
+            return
+        try:
+            store.notify_workers(using, channel=channel, payloads=payloads)
+        except Exception as exc:  # the caller's data has committed: never raise into them
+            logger.warning(
+                "dbqueue could not wake the workers (%s) after a commit on %r: %s; their poll "
+                "will find the jobs",
+                ", ".join(payloads),
+                using,
+                exc,
+            )
+
+    # The sender thread ----------------------------------------------------------------------
+    def _start_sender(self):
+        if self._sender is None or not self._sender.is_alive():
+            self._sender = threading.Thread(target=self._run, name="dbqueue-wakeup", daemon=True)
+            self._sender.start()
+
+    def _take_due(self, now):
+        """Pop the trailing notifications that are due: ``{(using, channel): [payload]}``, and
+        the time the next one falls due (or None)."""
+        due, next_due = {}, None
+        for key, count in list(self._pending.items()):
+            # Half a window of grace: a commit arriving after the window carries the count
+            # itself, on its own connection; the thread only covers the end of a burst.
+            at = self._last.get(key, -math.inf) + 1.5 * WINDOW
+            if at <= now:
+                del self._pending[key]
+                self._last[key] = now
+                using, channel, queue = key
+                due.setdefault((using, channel), []).append(payload(count, queue))
+            else:
+                next_due = at if next_due is None else min(next_due, at)
+        return due, next_due
+
+    def _run(self):
+        sessions = {}  # using -> Session, opened when a burst first needs one
+        last_sent = time.monotonic()
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due, next_due = self._take_due(now)
+                cold = {key[0] for key in self._pending} - set(sessions)
+                idle = self._close_requested or (
+                    not due and next_due is None and sessions and now - last_sent >= IDLE_CLOSE
+                )
+                if not due and not cold and not idle:
+                    if next_due is not None:
+                        timeout = next_due - now
+                    else:
+                        timeout = last_sent + IDLE_CLOSE - now if sessions else None
+                    self._cond.wait(timeout)
+                    continue
+                self._sending = len(due)
+            for (using, channel), payloads in due.items():
+                if using not in sessions:
+                    sessions[using] = self._session(using)
+                session = sessions[using]
+                self._send(session, using, channel, payloads)
+                last_sent = time.monotonic()
+            for using in cold:  # connect while the window runs, not when it ends
+                if using not in sessions:
+                    sessions[using] = self._session(using, warm=True)
+                    last_sent = time.monotonic()  # its idle time starts now
+            if idle:
+                for session in sessions.values():
+                    session.close()
+                sessions = {}
+            with self._cond:
+                self._sending = 0
+                if idle:
+                    self._close_requested = False
+                self._cond.notify_all()
+
+    @staticmethod
+    def _session(using, *, warm=False):
+        session = Session(using, prepare=False)
+        if warm:
+            try:
+                session.execute("SELECT 1", None)
+            except Exception as exc:  # the send will try again, and warn
+                session.reset()
+                logger.debug("dbqueue wake-up sender could not connect to %r: %s", using, exc)
+        return session
+
+    @staticmethod
+    def _send(session, using, channel, payloads):
+        try:
+            store.notify_workers(session, channel=channel, payloads=payloads)
+        except Exception as exc:
+            session.reset()
+            logger.warning(
+                "dbqueue could not wake the workers (%s) on %r: %s; their poll will find the jobs",
+                ", ".join(payloads),
+                using,
+                exc,
+            )
+
+    def flush(self, timeout, *, close):
+        with self._cond:
+            if close and self._sender is not None and self._sender.is_alive():
+                self._close_requested = True
+                self._cond.notify_all()
+            return self._cond.wait_for(
+                lambda: not self._pending and not self._sending and not self._close_requested,
+                timeout,
+            )
+
+    def _after_fork(self):
+        """In a forked child: the parent's sender thread and its pending counts stay with it."""
+        self._cond = threading.Condition()
+        self._last, self._pending, self._sender = {}, {}, None
+        self._sending, self._close_requested = 0, False
+
+
+_COALESCER = _Coalescer()
+os.register_at_fork(after_in_child=_COALESCER._after_fork)
+
+
+def flush(timeout=5.0, *, close=False):
+    """Wait until every trailing notification of this process has been sent; with ``close``, also
+    until the sender thread closed its connections (tests, before dropping their database).
+    Returns False if that took longer than ``timeout`` seconds."""
+    return _COALESCER.flush(timeout, close=close)

@@ -1,0 +1,91 @@
+"""A producer that dies between its commit and its wake-up loses latency, never the job.
+
+The producer is a real process: it commits an enqueue inside ``transaction.atomic()`` with an
+``on_commit`` hook of its own registered first, which reports the commit and then blocks, so the
+process is stopped exactly after the commit and before the wake-up's hook. It is killed there
+with SIGKILL. A real ``run_jobqueue`` worker, listening, with a 3-second poll, still runs the job,
+and no notification for it was ever sent.
+"""
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+
+from django_dbqueue.connections import connection_params
+from tests.acceptance.conftest import REPO_ROOT, worker_env
+from tests.acceptance.helpers import wait_for_listeners
+from tests.acceptance.test_wakeup import listen_started, wait_idle
+from tests.utils import job_row, wait_until
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+POLL = 3.0
+
+PRODUCER = """
+import sys, threading
+import django
+django.setup()
+from django.db import transaction
+from django_dbqueue import enqueue
+
+job = {}
+
+def stop_between_commit_and_wake_up():  # on_commit hooks run in order: this one first
+    print(f"committed {job['id']}", flush=True)
+    threading.Event().wait()  # killed here
+
+with transaction.atomic():
+    transaction.on_commit(stop_between_commit_and_wake_up)
+    job["id"] = enqueue("record", {}).id
+"""
+
+
+def test_a_producer_killed_after_its_commit_loses_only_the_wake_up(start_worker, test_database_url):
+    listener = psycopg.connect(**connection_params("default"), autocommit=True)
+    listener.execute("LISTEN dbqueue")
+    worker = start_worker("--poll-interval", str(POLL))
+    [worker_listener] = wait_for_listeners(1)
+    wait_idle(listen_started(worker_listener))
+
+    env = {**worker_env(test_database_url), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    producer = subprocess.Popen(
+        [sys.executable, "-c", PRODUCER],
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        line = producer.stdout.readline().decode()
+        assert line.startswith("committed "), (line, producer.stderr.read().decode())
+        committed_at = time.monotonic()
+        job_id = int(line.split()[1])
+        os.kill(producer.pid, signal.SIGKILL)
+        assert producer.wait(10) == -signal.SIGKILL
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait(10)
+        producer.stdout.close()
+        producer.stderr.close()
+
+    assert job_row(job_id)["state"] in ("pending", "running", "done")  # committed: it exists
+    wait_until(
+        lambda: job_row(job_id)["state"] == "done",
+        timeout=POLL + 5.0,
+        interval=0.05,
+        message="the worker's poll to run the job",
+    )
+    assert time.monotonic() - committed_at < POLL + 5.0
+    worker.assert_alive()
+
+    select.select([listener.fileno()], [], [], 0)
+    listener.pgconn.consume_input()
+    assert listener.pgconn.notifies() is None, "a wake-up was sent: the kill came too late"
+    listener.close()

@@ -1,0 +1,189 @@
+"""The wake-up after the commit: when it is sent, on which connection, what it carries, and that a
+failed or coalesced one never costs the caller anything but latency."""
+
+import io
+import logging
+import select
+import time
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+
+from django_dbqueue import enqueue, store, wakeup
+from django_dbqueue.connections import connection_params
+from django_dbqueue.notifications import parse_wakeup
+from tests.testapp.models import Invoice
+from tests.utils import scalar, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Listener:
+    """A plain psycopg connection LISTENing on the default channel, as a worker does."""
+
+    def __init__(self):
+        self.conn = psycopg.connect(**connection_params("default"), autocommit=True)
+        self.conn.execute("LISTEN dbqueue")
+        self.got = []
+
+    def collect(self, timeout):
+        """Read what arrives within ``timeout`` seconds (all of it: nothing is left behind)."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            select.select([self.conn.fileno()], [], [], left)
+            self.conn.pgconn.consume_input()
+            while (n := self.conn.pgconn.notifies()) is not None:
+                self.got.append(n.extra.decode())
+        return self.got
+
+    def until_jobs(self, count, timeout=5.0):
+        """Read until the payloads' counts add up to ``count`` jobs; fail after ``timeout``."""
+        wait_until(
+            lambda: sum(parse_wakeup(p)[1] for p in self.collect(0.01)) >= count,
+            timeout=timeout,
+            message=f"wake-ups for {count} jobs (got {self.got})",
+        )
+        return self.got
+
+
+@pytest.fixture
+def listener():
+    listen = Listener()
+    yield listen
+    listen.conn.close()
+
+
+def show_synchronous_commit():
+    return scalar("SHOW synchronous_commit")
+
+
+def test_rollback_sends_nothing_and_its_hook_is_not_reused(listener):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue("noop")
+        raise RuntimeError("the view failed")
+    assert listener.collect(0.2) == []
+    with transaction.atomic():  # the rolled-back transaction's count must not leak in here
+        enqueue("noop")
+    assert listener.until_jobs(1) == ["1:default"]
+    assert listener.collect(0.1) == ["1:default"]
+
+
+def test_a_rolled_back_savepoint_takes_its_jobs_out_of_the_count(listener):
+    with transaction.atomic():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            enqueue("noop")
+            enqueue("noop")
+            raise RuntimeError("inner block failed")
+        enqueue("noop", queue="emails")
+        enqueue("noop")
+        assert listener.collect(0.05) == [], "a notification escaped before commit"
+    assert sorted(listener.until_jobs(2)) == ["1:default", "1:emails"]
+    assert scalar("SELECT count(*) FROM dbqueue_job") == 2
+
+
+def test_the_callers_transaction_keeps_synchronous_commit(listener):
+    assert show_synchronous_commit() == "on"
+    with transaction.atomic():
+        Invoice.objects.create(number="W-1")
+        enqueue("noop")
+        assert show_synchronous_commit() == "on"
+    assert listener.until_jobs(1) == ["1:default"]
+    # The wake-up ran on this connection with set_config(..., is_local=true): it ended with its
+    # own one-statement transaction.
+    assert show_synchronous_commit() == "on"
+    enqueue("noop")  # autocommit: the same
+    assert listener.until_jobs(2)
+    assert show_synchronous_commit() == "on"
+
+
+def test_scheduled_and_duplicate_jobs_wake_nobody(listener):
+    enqueue("noop", delay=60)
+    enqueue("noop", idempotency_key="k-1")
+    assert listener.until_jobs(1) == ["1:default"]
+    enqueue("noop", idempotency_key="k-1")  # exists: nothing inserted
+    assert listener.collect(0.2) == ["1:default"]
+
+
+def test_manual_transaction_management_notifies_at_the_callers_commit(listener):
+    transaction.set_autocommit(False)
+    try:
+        enqueue("noop")
+        assert show_synchronous_commit() == "on"
+        assert listener.collect(0.1) == []
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    assert listener.until_jobs(1) == ["1:default"]
+
+
+def test_a_burst_is_coalesced_and_its_last_job_still_wakes_a_worker(listener, monkeypatch):
+    monkeypatch.setattr(wakeup, "WINDOW", 0.3)
+    started = time.monotonic()
+    for _ in range(20):
+        enqueue("noop")  # autocommit: each a transaction of its own
+    elapsed = time.monotonic() - started
+    got = listener.until_jobs(20)  # the trailing notification comes without another enqueue
+    assert got[0] == "1:default"  # the first at once, on the caller's connection
+    assert sum(parse_wakeup(p)[1] for p in got) == 20
+    assert len(got) <= 2 + elapsed / 0.3, got  # one per window, plus the trailing one
+
+
+def test_the_sender_closes_its_connection_when_idle(listener, monkeypatch):
+    monkeypatch.setattr(wakeup, "WINDOW", 0.05)
+    monkeypatch.setattr(wakeup, "IDLE_CLOSE", 0.3)
+    sender = (  # every other session here is the listener's, last seen running LISTEN
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND (query = 'SELECT 1' OR query LIKE '%%set_config(%%')"
+    )
+    enqueue("noop")
+    enqueue("noop")  # within the window: sent by the sender thread, on its own connection
+    listener.until_jobs(2)
+    wait_until(lambda: scalar(sender) == 1, message="the sender's connection", timeout=5)
+    wait_until(lambda: scalar(sender) == 0, message="the sender to close it", timeout=5)
+
+
+def test_a_failed_wake_up_is_logged_and_never_raised(listener, settings, caplog):
+    settings.DBQUEUE = {**settings.DBQUEUE, "NOTIFY_CHANNEL": "x" * 64}  # PostgreSQL refuses it
+    with caplog.at_level(logging.WARNING, logger="django_dbqueue.wakeup"):
+        with transaction.atomic():
+            Invoice.objects.create(number="W-2")
+            job = enqueue("noop")
+        enqueue("noop")  # within the window: the sender thread's attempt fails too
+        wait_until(
+            lambda: len([r for r in caplog.records if "could not wake" in r.getMessage()]) == 2,
+            message="two warnings",
+        )
+    assert scalar("SELECT count(*) FROM dbqueue_job WHERE id = %s", [job.id]) == 1
+    assert Invoice.objects.filter(number="W-2").exists()
+    assert scalar("SELECT 1") == 1  # the caller's connection is fine
+
+
+def test_requeue_and_run_now_wake_their_queues_after_the_commit(listener):
+    dead = [enqueue("noop", delay=60).id for _ in range(3)]
+    later = enqueue("noop", queue="emails", delay=60).id
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dbqueue_job SET state = 'dead', attempts = 1, finished_at = now() "
+            "WHERE id = ANY(%s)",
+            [dead],
+        )
+    call_command("jobqueue_requeue", "--ids", *map(str, dead), stdout=io.StringIO())
+    assert listener.until_jobs(3) == ["3:default"]
+    with transaction.atomic():
+        wakeup.jobs_ready("default", store.run_now("default", [later]).values())
+        assert listener.collect(0.05) == ["3:default"]
+    assert listener.until_jobs(4) == ["3:default", "1:emails"]
+
+
+def test_a_hook_that_finds_a_transaction_open_again_leaves_it_alone(listener):
+    """If an earlier on_commit hook opened a transaction, the wake-up is not sent inside it (its
+    set_config would turn off synchronous commit for that transaction): the sender sends it."""
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        wakeup._COALESCER.committed("default", "dbqueue", {"default": 1})
+        assert listener.until_jobs(1) == ["1:default"]
+        assert show_synchronous_commit() == "on"
+    assert not [q for q in queries if "pg_notify" in q["sql"]]

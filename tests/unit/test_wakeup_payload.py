@@ -1,0 +1,27 @@
+"""The wake-up payload "<count>:<queue>", and the bare queue names older senders sent."""
+
+import pytest
+
+from django_dbqueue.notifications import parse_wakeup
+from django_dbqueue.wakeup import payload
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("3:default", ("default", 3)),
+        ("1:emails:eu", ("emails:eu", 1)),  # split on the first ':' only
+        ("12:3:x", ("3:x", 12)),
+        ("default", ("default", 1)),  # legacy: a bare queue name is one job
+        ("emails:eu", ("emails:eu", 1)),  # legacy name with a ':' and a non-digit head
+        ("²:q", ("²:q", 1)),  # a Unicode digit is not a count
+        (":q", (":q", 1)),
+        ("", ("", 1)),
+    ],
+)
+def test_parse_wakeup(raw, expected):
+    assert parse_wakeup(raw) == expected
+
+
+def test_payload_round_trips():
+    assert parse_wakeup(payload(250, "a:b")) == ("a:b", 250)
