@@ -204,6 +204,12 @@ def drain(admin, jobs):
     return jobs / elapsed, jobs / pg if pg else float("inf")
 
 
+def close_django_connections():
+    from django.db import connections
+
+    connections.close_all()
+
+
 def trickle(jobs, gap):
     from django_dbqueue import enqueue
 
@@ -228,6 +234,7 @@ def run_mode(mode, args, env, admin, logdir):
     time.sleep(args.idle)
     cpu_per_minute = (fleet.cpu_seconds() - cpu_before) / (time.monotonic() - t0) * 60
     ids = trickle(args.jobs, args.gap)
+    close_django_connections()  # this process's own connection is not the fleet's
     wait_until(
         lambda: (
             admin.execute(
@@ -245,6 +252,7 @@ def run_mode(mode, args, env, admin, logdir):
         fleet = Fleet(mode, args.workers, env, logdir)
         settle(admin, args.database, args.workers, mode)
         rate, per_core = drain(admin, args.drain)
+        close_django_connections()
         fleet.stop()
     admin.execute("TRUNCATE dbqueue_job")
     return {
