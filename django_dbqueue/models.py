@@ -17,6 +17,7 @@ __all__ = [
     "DeadLetter",
     "DeliveryState",
     "DepthSample",
+    "Dependency",
     "FinishedMinute",
     "JobDelivery",
     "JobState",
@@ -52,6 +53,11 @@ class BackgroundJob(models.Model):
     # The W3C ``traceparent`` of the trace that enqueued the job (docs/observability.md); NULL
     # when no trace was active, which is every enqueue without OpenTelemetry.
     traceparent = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # Workflows (docs/workflows.md): how many of its dependencies a ``waiting`` job still waits
+    # for, and whether any job depends on this one. The dependency trigger (migration 0009) runs
+    # only for a row whose ``has_dependents`` is true, so a job outside a workflow costs nothing.
+    waiting_on = models.PositiveIntegerField(db_default=0, default=0, editable=False)
+    has_dependents = models.BooleanField(db_default=False, default=False, editable=False)
 
     class Meta:
         db_table = "dbqueue_job"
@@ -97,6 +103,14 @@ class BackgroundJob(models.Model):
                 condition=~Q(state=JobState.PENDING) | Q(attempts__lt=models.F("max_attempts")),
                 name="dbqueue_job_pending_has_attempts_left",
             ),
+            # A waiting job waits for at least one dependency; no other job counts any.
+            models.CheckConstraint(
+                condition=(
+                    Q(state=JobState.WAITING, waiting_on__gt=0)
+                    | (~Q(state=JobState.WAITING) & Q(waiting_on=0))
+                ),
+                name="dbqueue_job_waiting_iff_counting",
+            ),
             # At most one job per idempotency key, whatever its state.
             models.UniqueConstraint(
                 fields=["idempotency_key"],
@@ -136,6 +150,41 @@ class BackgroundJob(models.Model):
 
     def __str__(self):
         return f"{self.type} #{self.pk} ({self.state})"
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: ``job`` runs after ``depends_on`` is done.
+
+    ``run_on_failure``: when ``depends_on`` dies or is cancelled, ``job`` runs anyway instead of
+    being cancelled. No foreign keys in the database (retention deletes jobs with plain SQL);
+    the edges of a pruned job are deleted with it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # (job, depends_on) is unique: that index serves the walk from a job to its dependencies.
+    job = models.ForeignKey(
+        BackgroundJob,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    # Indexed (a ForeignKey is): the trigger's walk from a finished job to its dependents.
+    depends_on = models.ForeignKey(
+        BackgroundJob, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    run_on_failure = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "dbqueue_dependency"
+        verbose_name = "job dependency"
+        verbose_name_plural = "job dependencies"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="dbqueue_dependency_uniq"),
+        ]
+
+    def __str__(self):
+        return f"#{self.job_id} after #{self.depends_on_id}"
 
 
 class DeadLetter(BackgroundJob):

@@ -79,6 +79,106 @@ SELECT id, idempotency_key, pg_notify(%(channel)s, queue)::text FROM inserted
 INSERT_JOBS = _INSERT_JOBS.format(**_UNTRACED)
 INSERT_JOBS_TRACED = _INSERT_JOBS.format(**_TRACED)
 
+# A workflow (workflow.py, docs/workflows.md): its jobs and their dependency edges in one
+# statement, so the whole graph commits or rolls back with the caller's transaction.
+# - ``existing``: the dependencies that are jobs already in the table, locked (in id order) so
+#   that none of them can finish between the moment this statement counts it as not done and the
+#   moment its has_dependents flag is set: a completion waits for this transaction, and the
+#   trigger it then fires reads the edges committed here.
+# - Nothing is inserted when one of them is missing, dead or cancelled: the caller reads them
+#   back from the result and raises an error naming them.
+# - Ids are taken from the sequence first (in the order given), so that the edges, given as
+#   positions in the batch, can name the new jobs in the same statement.
+# - A job with dependencies not done yet starts ``waiting`` (the claim's index never sees it),
+#   counting them in waiting_on; the others start pending and wake the workers at commit.
+INSERT_WORKFLOW = """
+WITH existing AS MATERIALIZED (
+    SELECT id, state FROM dbqueue_job WHERE id = ANY(%(existing)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE
+),
+accepted AS MATERIALIZED (
+    SELECT count(*) = cardinality(%(existing)s::bigint[])
+           AND NOT bool_or(state IN ('dead', 'cancelled')) IS TRUE AS ok
+    FROM existing
+),
+ids AS MATERIALIZED (
+    SELECT ord, nextval(pg_get_serial_sequence('dbqueue_job', 'id')) AS id
+    FROM generate_series(1, cardinality(%(types)s::text[])) AS ord
+    WHERE (SELECT ok FROM accepted)
+),
+edges AS MATERIALIZED (
+    SELECT e.job_ord, e.dep_ord, e.dep_id, e.run_on_failure
+    FROM unnest(%(edge_jobs)s::int[], %(edge_dep_ords)s::int[], %(edge_dep_ids)s::bigint[],
+                %(edge_runs)s::boolean[]) AS e(job_ord, dep_ord, dep_id, run_on_failure)
+),
+counts AS MATERIALIZED (
+    SELECT e.job_ord,
+           count(*) FILTER (WHERE e.dep_ord IS NOT NULL OR x.state <> 'done') AS waiting_on
+    FROM edges AS e LEFT JOIN existing AS x ON x.id = e.dep_id
+    GROUP BY e.job_ord
+),
+inserted AS (
+    INSERT INTO dbqueue_job (
+        id, type, queue, payload, state, priority, run_after, attempts, max_attempts,
+        lease_seconds, idempotency_key, errors, created_at, traceparent, waiting_on,
+        has_dependents
+    )
+    SELECT i.id, u.type, u.queue, u.payload::jsonb,
+           CASE WHEN COALESCE(c.waiting_on, 0) > 0 THEN 'waiting' ELSE 'pending' END,
+           u.priority, COALESCE(u.run_after, now() + u.delay * interval '1 second'),
+           0, u.max_attempts, u.lease, NULL, '[]'::jsonb, now(), %(traceparent)s,
+           COALESCE(c.waiting_on, 0),
+           EXISTS (SELECT 1 FROM edges AS d WHERE d.dep_ord = u.ord)
+    FROM unnest(
+        %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
+        %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
+        %(leases)s::float8[]
+    ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts,
+                           lease, ord)
+    JOIN ids AS i ON i.ord = u.ord
+    LEFT JOIN counts AS c ON c.job_ord = u.ord
+    RETURNING id, queue, state
+),
+linked AS (
+    INSERT INTO dbqueue_dependency (job_id, depends_on_id, run_on_failure)
+    SELECT j.id, COALESCE(d.id, e.dep_id), e.run_on_failure
+    FROM edges AS e JOIN ids AS j ON j.ord = e.job_ord LEFT JOIN ids AS d ON d.ord = e.dep_ord
+    RETURNING 1
+),
+flagged AS (
+    UPDATE dbqueue_job SET has_dependents = true
+    WHERE id IN (SELECT id FROM existing) AND NOT has_dependents AND (SELECT ok FROM accepted)
+    RETURNING 1
+)
+SELECT 'job', id, state,
+       CASE WHEN state = 'pending' THEN pg_notify(%(channel)s, queue)::text END,
+       (SELECT count(*) FROM linked) + (SELECT count(*) FROM flagged)
+FROM inserted
+UNION ALL
+SELECT 'dependency', id, state, NULL, 0 FROM existing
+"""
+
+# A job's dependencies and their results (``ctx.dependency_results()``); a pruned dependency
+# is missing.
+DEPENDENCY_RESULTS = """
+SELECT j.id, j.result::text
+FROM dbqueue_dependency AS e JOIN dbqueue_job AS j ON j.id = e.depends_on_id
+WHERE e.job_id = %(id)s
+"""
+
+# The admin's view of a job's workflow: the jobs it waits on and the jobs waiting on it.
+WORKFLOW_NEIGHBOURS = """
+SELECT 'depends_on', j.id, j.type, j.state, e.run_on_failure
+FROM dbqueue_dependency AS e JOIN dbqueue_job AS j ON j.id = e.depends_on_id
+WHERE e.job_id = %(id)s
+UNION ALL
+SELECT 'dependent', j.id, j.type, j.state, e.run_on_failure
+FROM dbqueue_dependency AS e JOIN dbqueue_job AS j ON j.id = e.job_id
+WHERE e.depends_on_id = %(id)s
+ORDER BY 1, 2
+"""
+
 # Which jobs already hold these idempotency keys (the ones ON CONFLICT skipped).
 SELECT_IDS_BY_KEYS = """
 SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s::text[])
@@ -357,10 +457,11 @@ WITH moved AS (
 SELECT id, pg_notify(%(channel)s, queue)::text FROM moved
 """
 
-# Pending -> cancelled. A running job is not cancelled: its handler is already under way.
+# Pending or waiting -> cancelled. A running job is not cancelled: its handler is already under
+# way. The workflow trigger cancels the jobs waiting for a cancelled one (docs/workflows.md).
 CANCEL_JOBS = """
-UPDATE dbqueue_job SET state = 'cancelled', finished_at = now()
-WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+UPDATE dbqueue_job SET state = 'cancelled', finished_at = now(), waiting_on = 0
+WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('pending', 'waiting')
 RETURNING id
 """
 

@@ -74,6 +74,43 @@ def insert_jobs(using, *, channel, columns, traceparent=None):
     return _execute(using, sql.INSERT_JOBS, {"channel": channel, **columns})
 
 
+def insert_workflow(using, *, channel, columns, edges, existing, traceparent=None):
+    """Insert a workflow's jobs and edges in one statement (``sql.INSERT_WORKFLOW``).
+
+    ``edges``: ``(job position, dependency position or None, dependency id or None,
+    run_on_failure)`` with 1-based positions in ``columns``; ``existing``: the ids of the
+    dependencies already in the table. Returns ``(job ids in order with their state,
+    {existing id: state})``; no job ids when an existing dependency is missing, dead or
+    cancelled (then nothing was written).
+    """
+    job_ords, dep_ords, dep_ids, runs = zip(*edges, strict=True) if edges else ((), (), (), ())
+    params = {
+        "channel": channel,
+        "traceparent": traceparent,
+        "existing": list(existing),
+        "edge_jobs": list(job_ords),
+        "edge_dep_ords": list(dep_ords),
+        "edge_dep_ids": list(dep_ids),
+        "edge_runs": list(runs),
+        **columns,
+    }
+    rows = _execute(using, sql.INSERT_WORKFLOW, params)
+    jobs = sorted((job_id, state) for kind, job_id, state, _, _ in rows if kind == "job")
+    found = {job_id: state for kind, job_id, state, _, _ in rows if kind == "dependency"}
+    return jobs, found
+
+
+def dependency_results(using, job_id):
+    """``{dependency id: result JSON text or None}`` of a job's dependencies still stored."""
+    return dict(_execute(using, sql.DEPENDENCY_RESULTS, {"id": job_id}))
+
+
+def workflow_neighbours(using, job_id):
+    """``[(relation, id, type, state, run_on_failure), ...]``: relation is ``depends_on`` (this
+    job waits on that one) or ``dependent`` (that one waits on this job)."""
+    return _execute(using, sql.WORKFLOW_NEIGHBOURS, {"id": job_id})
+
+
 def ids_by_keys(using, keys):
     return dict(_execute(using, sql.SELECT_IDS_BY_KEYS, {"keys": list(keys)}))
 
