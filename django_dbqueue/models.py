@@ -16,8 +16,8 @@ __all__ = [
     "BackgroundJob",
     "DeadLetter",
     "DeliveryState",
-    "DepthSample",
     "Dependency",
+    "DepthSample",
     "FinishedMinute",
     "JobDelivery",
     "JobState",
@@ -139,6 +139,12 @@ class BackgroundJob(models.Model):
                 fields=["queue"],
                 name="dbqueue_job_dead_queue_idx",
                 condition=Q(state=JobState.DEAD),
+            ),
+            # The status and metrics count of jobs waiting for workflow dependencies.
+            models.Index(
+                fields=["queue"],
+                name="dbqueue_job_waiting_idx",
+                condition=Q(state=JobState.WAITING),
             ),
             # Retention and the dead-letter views: finished rows by age.
             models.Index(

@@ -466,12 +466,20 @@ RETURNING id
 """
 
 # Deletes finished jobs (done, dead, cancelled) only: the state test sits in the DELETE itself,
-# so a job requeued since it was selected is left alone. Delivery records keep the job's id (no
+# so a job requeued since it was selected is left alone. A deleted job's own dependency edges go
+# with it (one index probe per job; a job that others depended on keeps its edges until those
+# are deleted, so they can still read its result while it exists). Delivery records keep the job's id (no
 # foreign key in the database), as they do when retention prunes a job.
 DELETE_FINISHED_JOBS = """
-DELETE FROM dbqueue_job
-WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('done', 'dead', 'cancelled')
-RETURNING id
+WITH deleted AS (
+    DELETE FROM dbqueue_job
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('done', 'dead', 'cancelled')
+    RETURNING id
+),
+edges AS (
+    DELETE FROM dbqueue_dependency WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
+)
+SELECT id FROM deleted
 """
 
 # The ids of dead jobs matching optional filters, in id order after a cursor, for requeueing a
@@ -494,6 +502,7 @@ WHERE state = 'dead'
 
 # Retention: delete finished jobs of one state older than a cutoff, oldest first, bounded, and
 # SKIP LOCKED so that workers pruning at once split the rows. Served by dbqueue_job_finished_idx.
+# The workflow edges of a deleted job go with it (see DELETE_FINISHED_JOBS).
 PRUNE_FINISHED = """
 WITH deleted AS (
     DELETE FROM dbqueue_job
@@ -504,13 +513,16 @@ WITH deleted AS (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING 1
+    RETURNING id
+),
+edges AS (
+    DELETE FROM dbqueue_dependency WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
 )
 SELECT count(*) FROM deleted
 """
 
 # Status --------------------------------------------------------------------------------------------
-# Counts per queue and state of the live states (pending, running, dead), the oldest due pending
+# Counts per queue and state of the live states (pending, waiting, running, dead), the oldest due pending
 # job's age, and the stuck (lease expired) jobs. One aggregate per state, so each is served by
 # that state's partial index (claim, lease, finished) instead of a scan of the whole table.
 # Finished rows (done, cancelled) are left out: retention keeps them few, and counting them is
@@ -526,12 +538,15 @@ FROM dbqueue_job WHERE state = 'running' GROUP BY queue
 UNION ALL
 SELECT queue, 'dead', count(*), 0, NULL, 0
 FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+UNION ALL
+SELECT queue, 'waiting', count(*), 0, NULL, 0
+FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
 ORDER BY 1, 2
 """
 
 # Metrics ---------------------------------------------------------------------------------------
 # Every gauge of the table in one statement, as (kind, name, label, value) rows: per queue the due,
-# scheduled, running, stuck and dead jobs and the oldest due job's age; per worker holding jobs
+# scheduled, waiting (on workflow dependencies), running, stuck and dead jobs and the oldest due job's age; per worker holding jobs
 # the jobs it holds and the seconds since its last heartbeat (a lease is extended to now() + lease,
 # so leased_until - lease is when it was last extended); the unconfirmed delivery records. Like
 # STATUS_COUNTS, each part reads one state through that state's partial index (claim, lease,
@@ -559,6 +574,9 @@ CROSS JOIN LATERAL (VALUES ('running', r.running::float8), ('stuck', r.stuck::fl
     AS v(label, value)
 UNION ALL
 SELECT 'queue', queue, 'dead', count(*)::float8 FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+UNION ALL
+SELECT 'queue', queue, 'waiting', count(*)::float8
+FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
 UNION ALL
 SELECT 'worker', w.worker_id, v.label, v.value
 FROM (

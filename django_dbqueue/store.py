@@ -286,6 +286,7 @@ def _empty_status():
         "dead": 0,
         "stuck": 0,
         "scheduled": 0,
+        "waiting": 0,
         "oldest_due_seconds": None,
     }
 
@@ -293,8 +294,8 @@ def _empty_status():
 def status(using, queues=()):
     """Per-queue counts: ``{queue: {"pending", "running", "dead", "stuck", "scheduled",
     "oldest_due_seconds"}}``, with a zero entry for each of ``queues`` that has no live job.
-    ``pending`` is due now; ``scheduled`` is pending with a future ``run_after``; ``stuck`` is
-    running past its lease."""
+    ``pending`` is due now; ``scheduled`` is pending with a future ``run_after``; ``waiting``
+    waits for its workflow dependencies; ``stuck`` is running past its lease."""
     result = {queue: _empty_status() for queue in queues}
     for queue, state, count, stuck, oldest_due, scheduled in _execute(using, sql.STATUS_COUNTS, {}):
         entry = result.setdefault(queue, _empty_status())

@@ -8,7 +8,6 @@ it ``pending`` when its last dependency is done, or cancels it when one dies or 
 (unless it was added with ``on_failure="run"``).
 """
 
-
 from . import payloads, store, tracing, validation
 from .conf import get_settings
 from .enqueue import EnqueuedJob, _check_database, _prepare
@@ -117,7 +116,7 @@ class Workflow:
                     stack.pop()
                     path.pop()
                 elif state.get(nxt.index) == 1:
-                    cycle = path[path.index(nxt) :] + [nxt]
+                    cycle = [*path[path.index(nxt) :], nxt]
                     raise EnqueueError(
                         "dependency cycle: "
                         + " -> ".join(f"{j.type} #{j.index}" for j in cycle)

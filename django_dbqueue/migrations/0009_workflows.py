@@ -172,5 +172,9 @@ class Migration(migrations.Migration):
             model_name='dependency',
             constraint=models.UniqueConstraint(fields=('job', 'depends_on'), name='dbqueue_dependency_uniq'),
         ),
+        migrations.AddIndex(
+            model_name='backgroundjob',
+            index=models.Index(condition=models.Q(('state', 'waiting')), fields=['queue'], name='dbqueue_job_waiting_idx'),
+        ),
         migrations.RunSQL(sql=SETTLE_DEPENDENTS, reverse_sql=DROP_SETTLE_DEPENDENTS),
     ]

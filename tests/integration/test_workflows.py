@@ -104,7 +104,10 @@ def test_cycle_refused_naming_the_jobs():
     b = wf.add("echo", depends_on=[a])
     c = wf.add("noop", depends_on=[b])
     a.after(c)
-    with pytest.raises(EnqueueError, match=r"cycle: echo #0 -> noop #2 -> echo #1 -> echo #0 \(each waits for the next\)"):
+    with pytest.raises(
+        EnqueueError,
+        match=r"cycle: echo #0 -> noop #2 -> echo #1 -> echo #0 \(each waits for the next\)",
+    ):
         wf.enqueue()
     with pytest.raises(EnqueueError, match="depends on itself"):
         a.after(a)
@@ -210,51 +213,85 @@ def test_two_dependencies_completing_at_the_same_instant_release_once():
     """Two connections complete the two members of a chord at the same time: the second one
     blocks on the callback's row lock inside its completion until the first commits, then counts
     down from the first one's result. The callback becomes pending exactly once."""
-    for round_ in range(5):
-        first, second, callback = group(("echo", {}), ("echo", {}), then=("echo", {}))
-        tokens = {}
-        for _ in (first, second):
-            token = store.new_token()
-            claimed = store.claim(
-                "default", worker_id="t", queues=["default"], limits=[1], limit=1, token=token
-            )
-            tokens[claimed[0].id] = token
-        assert set(tokens) == {first.id, second.id}
-        # Alternate which member finishes first.
-        early, late = (first, second) if round_ % 2 else (second, first)
-        early_done, release_early = threading.Event(), threading.Event()
-        results, pids = {}, {}
+    for round_ in range(6):
+        _complete_both_at_once(late_first=bool(round_ % 2))
 
-        def complete(job_id, hold):
-            try:
-                pids[job_id] = scalar("SELECT pg_backend_pid()")
-                with transaction.atomic():
-                    results[job_id] = store.complete("default", [(job_id, tokens[job_id], None)])
-                    if hold:
-                        early_done.set()
-                        release_early.wait(10)
-            finally:
-                connections["default"].close()
 
-        holder = threading.Thread(target=complete, args=(early.id, True))
-        holder.start()
-        assert early_done.wait(10)
-        waiter = threading.Thread(target=complete, args=(late.id, False))
-        waiter.start()
-        # The late completion is blocked on a row lock (the callback's), not finished.
-        wait_until(
-            lambda: late.id in pids
+def _complete_both_at_once(*, late_first):
+    first, second, callback = group(("echo", {}), ("echo", {}), then=("echo", {}))
+    tokens = {}
+    for _ in (first, second):
+        token = store.new_token()
+        claimed = store.claim(
+            "default", worker_id="t", queues=["default"], limits=[1], limit=1, token=token
+        )
+        tokens[claimed[0].id] = token
+    assert set(tokens) == {first.id, second.id}
+    # Alternate which member finishes first.
+    early, late = (second, first) if late_first else (first, second)
+    early_done, release_early = threading.Event(), threading.Event()
+    results, pids = {}, {}
+
+    def complete(job_id, hold):
+        try:
+            pids[job_id] = scalar("SELECT pg_backend_pid()")
+            with transaction.atomic():
+                results[job_id] = store.complete("default", [(job_id, tokens[job_id], None)])
+                if hold:
+                    early_done.set()
+                    release_early.wait(10)
+        finally:
+            connections["default"].close()
+
+    holder = threading.Thread(target=complete, args=(early.id, True))
+    holder.start()
+    assert early_done.wait(10)
+    waiter = threading.Thread(target=complete, args=(late.id, False))
+    waiter.start()
+    # The late completion is blocked on a row lock (the callback's), not finished.
+    wait_until(
+        lambda: (
+            late.id in pids
             and scalar(
                 "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pids[late.id]]
             )
-            == "Lock",
-            message="the late completion waits for the callback's row lock",
-        )
-        assert state(callback.id) == "waiting"
-        release_early.set()
-        holder.join(20)
-        waiter.join(20)
-        assert results == {early.id: {early.id}, late.id: {late.id}}
-        row = job_row(callback.id)
-        assert (row["state"], row["waiting_on"]) == ("pending", 0)
-        store.cancel("default", [callback.id])  # out of the next round's claims
+            == "Lock"
+        ),
+        message="the late completion waits for the callback's row lock",
+    )
+    assert state(callback.id) == "waiting"
+    release_early.set()
+    holder.join(20)
+    waiter.join(20)
+    assert results == {early.id: {early.id}, late.id: {late.id}}
+    row = job_row(callback.id)
+    assert (row["state"], row["waiting_on"]) == ("pending", 0)
+    store.cancel("default", [callback.id])  # out of the next round's claims
+
+
+def test_waiting_is_counted_apart_from_scheduled_in_status_and_metrics():
+    import datetime
+
+    from django.utils import timezone
+
+    from django_dbqueue import metrics
+
+    later = timezone.now() + datetime.timedelta(hours=1)
+    enqueue("echo", run_after=later)
+    group(("echo", {}), ("echo", {}), then=("collect", {}))
+    entry = store.status("default", ["default"])["default"]
+    assert (entry["pending"], entry["scheduled"], entry["waiting"]) == (2, 1, 1)
+    rows = store.metrics_snapshot("default")
+    gauges = {(name, label): value for kind, name, label, value in rows if kind == "queue"}
+    assert gauges[("default", "waiting")] == 1.0
+    assert gauges[("default", "scheduled")] == 1.0
+    del metrics
+
+
+def test_deleting_a_finished_job_deletes_its_edges():
+    a, b = chain(("echo", {}), ("echo", {}))
+    store.cancel("default", [a.id])
+    assert state(b.id) == "cancelled"
+    assert store.delete_finished("default", [b.id]) == {b.id}
+    assert scalar("SELECT count(*) FROM dbqueue_dependency") == 0
+    assert store.prune("default", state="cancelled", age=0, limit=10) == 1
