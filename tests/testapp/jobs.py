@@ -130,3 +130,15 @@ def collect(ctx):
 def atomic_echo(ctx):
     """An atomic handler: its completion commits with its own transaction."""
     return ctx.payload
+
+
+@job("collect-atomic", atomic=True)
+def collect_atomic(ctx):
+    """A workflow callback whose effect row commits with its completion: a run killed before
+    the commit leaves no effect, so the effects count the callback's completed runs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (job_id, attempt, worker, pid) VALUES (%s, %s, %s, %s)",
+            [ctx.id, ctx.attempt, ctx.worker_id, os.getpid()],
+        )
+    return sorted(ctx.dependency_results())
