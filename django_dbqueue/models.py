@@ -6,6 +6,7 @@ each one covers only the rows its query can match, so the claim and the sweeper 
 with ten finished rows or ten million.
 """
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -54,10 +55,12 @@ class BackgroundJob(models.Model):
     # when no trace was active, which is every enqueue without OpenTelemetry.
     traceparent = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
     # Workflows (docs/workflows.md): how many of its dependencies a ``waiting`` job still waits
-    # for, and whether any job depends on this one. The dependency trigger (migration 0009) runs
-    # only for a row whose ``has_dependents`` is true, so a job outside a workflow costs nothing.
+    # for, and the ids of the jobs that wait for this one (NULL for a job outside a workflow:
+    # the completion and the trigger of migration 0009 then do nothing more for it). On the row
+    # itself, so that a completion reads the newest list even when it had to wait for the
+    # transaction that added a dependent (see sql.COMPLETE_JOBS).
     waiting_on = models.PositiveIntegerField(db_default=0, default=0, editable=False)
-    has_dependents = models.BooleanField(db_default=False, default=False, editable=False)
+    dependents = ArrayField(models.BigIntegerField(), null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "dbqueue_job"

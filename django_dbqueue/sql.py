@@ -83,8 +83,8 @@ INSERT_JOBS_TRACED = _INSERT_JOBS.format(**_TRACED)
 # statement, so the whole graph commits or rolls back with the caller's transaction.
 # - ``existing``: the dependencies that are jobs already in the table, locked (in id order) so
 #   that none of them can finish between the moment this statement counts it as not done and the
-#   moment its has_dependents flag is set: a completion waits for this transaction, and the
-#   trigger it then fires reads the edges committed here.
+#   moment the new dependents are added to its ``dependents``: a completion waits for this
+#   transaction, then reads the list from the row version committed here (COMPLETE_JOBS).
 # - Nothing is inserted when one of them is missing, dead or cancelled: the caller reads them
 #   back from the result and raises an error naming them.
 # - Ids are taken from the sequence first (in the order given), so that the edges, given as
@@ -122,14 +122,15 @@ inserted AS (
     INSERT INTO dbqueue_job (
         id, type, queue, payload, state, priority, run_after, attempts, max_attempts,
         lease_seconds, idempotency_key, errors, created_at, traceparent, waiting_on,
-        has_dependents
+        dependents
     )
     SELECT i.id, u.type, u.queue, u.payload::jsonb,
            CASE WHEN COALESCE(c.waiting_on, 0) > 0 THEN 'waiting' ELSE 'pending' END,
            u.priority, COALESCE(u.run_after, now() + u.delay * interval '1 second'),
            0, u.max_attempts, u.lease, NULL, '[]'::jsonb, now(), %(traceparent)s,
            COALESCE(c.waiting_on, 0),
-           EXISTS (SELECT 1 FROM edges AS d WHERE d.dep_ord = u.ord)
+           (SELECT array_agg(w.id ORDER BY w.id)
+            FROM edges AS d JOIN ids AS w ON w.ord = d.job_ord WHERE d.dep_ord = u.ord)
     FROM unnest(
         %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
         %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
@@ -147,8 +148,15 @@ linked AS (
     RETURNING 1
 ),
 flagged AS (
-    UPDATE dbqueue_job SET has_dependents = true
-    WHERE id IN (SELECT id FROM existing) AND NOT has_dependents AND (SELECT ok FROM accepted)
+    UPDATE dbqueue_job AS x
+    SET dependents = COALESCE(x.dependents, '{}') || a.ids
+    FROM (
+        SELECT e.dep_id, array_agg(w.id ORDER BY w.id) AS ids
+        FROM edges AS e JOIN ids AS w ON w.ord = e.job_ord
+        WHERE e.dep_id IS NOT NULL
+        GROUP BY e.dep_id
+    ) AS a
+    WHERE x.id = a.dep_id
     RETURNING 1
 )
 SELECT 'job', id, state,
@@ -240,17 +248,58 @@ RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.
 # new holder's state. The ids it did not match come back missing from RETURNING. Committed like
 # the claim (asynchronously with ASYNC_COMMIT: a completion lost in a crash only means the job
 # runs again).
+# Workflows (docs/workflows.md): the same statement releases the jobs waiting for the ones it
+# completes, so "the last dependency is done -> the dependent is pending" commits with the
+# completion or not at all, exactly once:
+# - The dependents' ids come from the completed rows' own ``dependents`` column, as RETURNING
+#   gives it from the newest row version: a completion that waited for the transaction of a
+#   workflow adding a dependent to this job (it locks the row) still sees that dependent, which
+#   an edge-table read with this statement's snapshot would miss.
+# - Each dependent is locked once, in id order, and counts down by the number of its
+#   dependencies completed here; two workers completing dependencies of the same jobs take the
+#   locks in the same order (no deadlock), and the second one's UPDATE re-reads the row the first
+#   one committed, so the counter goes down one completion after the other.
+# - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row.
+# The result has one row per completed id and one (NULL id) per queue to wake.
 COMPLETE_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+),
+completed AS (
+    UPDATE dbqueue_job AS j
+    SET state = 'done', finished_at = now(), leased_until = NULL, result = c.result::jsonb
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[])
+             AS c(id, token, result),
+         commit_mode
+    WHERE j.id = c.id AND j.lease_token = c.token AND j.state = 'running'
+    RETURNING j.id, j.dependents
+),
+counts AS MATERIALIZED (
+    SELECT d.id, count(*) AS n
+    FROM completed AS c CROSS JOIN LATERAL unnest(c.dependents) AS d(id)
+    GROUP BY d.id
+),
+locked AS MATERIALIZED (
+    SELECT j.id FROM dbqueue_job AS j
+    WHERE j.id IN (SELECT id FROM counts) AND j.state = 'waiting'
+    ORDER BY j.id
+    FOR NO KEY UPDATE
+),
+released AS (
+    UPDATE dbqueue_job AS d
+    SET waiting_on = d.waiting_on - n.n,
+        state = CASE WHEN d.waiting_on = n.n THEN 'pending' ELSE 'waiting' END,
+        run_after = CASE WHEN d.waiting_on = n.n THEN GREATEST(d.run_after, now())
+                         ELSE d.run_after END
+    FROM counts AS n
+    WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state = 'waiting'
+    RETURNING d.queue, d.state
 )
-UPDATE dbqueue_job AS j
-SET state = 'done', finished_at = now(), leased_until = NULL, result = c.result::jsonb
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[]) AS c(id, token, result),
-     commit_mode
-WHERE j.id = c.id AND j.lease_token = c.token AND j.state = 'running'
-RETURNING j.id
+SELECT id, NULL FROM completed
+UNION ALL
+SELECT NULL, pg_notify(%(channel)s, queue)::text
+FROM (SELECT DISTINCT queue FROM released WHERE state = 'pending') AS woken
 """
 
 # One failure: back to pending after a delay, or dead when the attempts are spent or the handler

@@ -142,14 +142,20 @@ def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False)
     return [ClaimedRow(*row) for row in rows]
 
 
-def complete(using, acks, *, async_commit=False):
+def complete(using, acks, *, async_commit=False, channel=None):
     """Mark ``[(id, token, result_json_or_None), ...]`` done; returns the set of ids that matched.
 
     An id missing from the result was fenced out: its lease was lost and the job claimed again
-    (or an earlier try of this same write committed; :func:`read_back` tells).
+    (or an earlier try of this same write committed; :func:`read_back` tells). Jobs of a workflow
+    that were waiting for these are released in the same statement, and the workers of their
+    queues woken on ``channel`` (default ``DBQUEUE["NOTIFY_CHANNEL"]``).
     """
     if not acks:
         return set()
+    if channel is None:
+        from .conf import get_settings
+
+        channel = get_settings().NOTIFY_CHANNEL
     ids, tokens, results = zip(*acks, strict=True)
     rows = _execute(
         using,
@@ -159,9 +165,10 @@ def complete(using, acks, *, async_commit=False):
             "tokens": list(tokens),
             "results": list(results),
             "commit": _commit(async_commit),
+            "channel": channel,
         },
     )
-    return {row[0] for row in rows}
+    return {row[0] for row in rows if row[0] is not None}
 
 
 def fail(using, *, job_id, token, error, delay, dead=False):

@@ -37,7 +37,7 @@ def runs_of(job_id):
 def test_chain_runs_in_order_and_waiting_jobs_are_not_claimable(start_worker):
     a, b, c = chain(("echo", {"n": 1}), ("echo", {"n": 2}), ("collect", {}))
     assert [state(a.id), state(b.id), state(c.id)] == ["pending", "waiting", "waiting"]
-    assert job_row(b.id)["waiting_on"] == 1 and job_row(a.id)["has_dependents"]
+    assert job_row(b.id)["waiting_on"] == 1 and job_row(a.id)["dependents"] == [b.id]
     # The claim does not see waiting jobs.
     claimed = store.claim(
         "default", worker_id="t", queues=["default"], limits=[10], limit=10, token=1
@@ -125,7 +125,7 @@ def test_unknown_and_failed_dependency_ids_refused_nothing_written():
     assert f"#{dead.id} (dead)" in str(info.value)
     assert scalar("SELECT count(*) FROM dbqueue_job") == 1
     assert scalar("SELECT count(*) FROM dbqueue_dependency") == 0
-    assert not job_row(dead.id)["has_dependents"]
+    assert job_row(dead.id)["dependents"] is None
 
 
 @pytest.mark.parametrize(
