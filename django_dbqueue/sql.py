@@ -259,7 +259,13 @@ RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.
 #   dependencies completed here; two workers completing dependencies of the same jobs take the
 #   locks in the same order (no deadlock), and the second one's UPDATE re-reads the row the first
 #   one committed, so the counter goes down one completion after the other.
-# - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row.
+# - A dependent this statement cannot see at all was inserted by a workflow that committed while
+#   this statement waited for the completed row's lock (it locks its existing dependencies):
+#   its row is newer than this statement's snapshot. ``late`` hands those to
+#   dbqueue_release_late() (migration 0009), whose statements see it, and which counts the
+#   dependent's dependencies again (the ones completed here counted as done).
+# - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row,
+#   and the function is not called.
 # The result has one row per completed id and one (NULL id) per queue to wake.
 COMPLETE_JOBS = """
 WITH commit_mode AS MATERIALIZED (
@@ -295,11 +301,20 @@ released AS (
     FROM counts AS n
     WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state = 'waiting'
     RETURNING d.queue, d.state
+),
+late AS (
+    SELECT f.queue
+    FROM (
+        SELECT array_agg(c.id) AS ids FROM counts AS c
+        WHERE NOT EXISTS (SELECT 1 FROM dbqueue_job AS v WHERE v.id = c.id)
+    ) AS unseen
+    CROSS JOIN LATERAL dbqueue_release_late(unseen.ids, ARRAY(SELECT id FROM completed)) AS f(queue)
+    WHERE unseen.ids IS NOT NULL
 )
 SELECT id, NULL FROM completed
 UNION ALL
 SELECT NULL, pg_notify(%(channel)s, queue)::text
-FROM (SELECT DISTINCT queue FROM released WHERE state = 'pending') AS woken
+FROM (SELECT queue FROM released WHERE state = 'pending' UNION SELECT queue FROM late) AS woken
 """
 
 # One failure: back to pending after a delay, or dead when the attempts are spent or the handler

@@ -110,6 +110,46 @@ WHEN (OLD.dependents IS NOT NULL AND OLD.state <> NEW.state
 EXECUTE FUNCTION dbqueue_settle_dependents('dbqueue');
 """
 
+# The completion's fallback for dependents it cannot see (sql.COMPLETE_JOBS): a workflow that
+# added a dependent to a running job committed while the completion waited for that job's row
+# lock, so the new dependent's row is newer than the completion's snapshot. This function's
+# statements take a fresh snapshot and see it. It locks those dependents in id order and counts
+# their dependencies again from the edges, the ones being completed (``completing``, not yet
+# visible as done) counted as done: an absolute count, so that a decrement by another
+# completion, before or after, still adds up.
+RELEASE_LATE = """
+CREATE FUNCTION dbqueue_release_late(unseen bigint[], completing bigint[])
+RETURNS SETOF text LANGUAGE plpgsql STRICT AS $fn$
+BEGIN
+    PERFORM 1 FROM dbqueue_job WHERE id = ANY(unseen) AND state = 'waiting'
+    ORDER BY id FOR NO KEY UPDATE;
+    RETURN QUERY
+    WITH recounted AS (
+        SELECT d.id, (
+            SELECT count(*) FROM dbqueue_dependency AS e
+            JOIN dbqueue_job AS p ON p.id = e.depends_on_id
+            WHERE e.job_id = d.id AND p.state <> 'done' AND NOT (p.id = ANY(completing))
+              AND NOT (e.run_on_failure AND p.state IN ('dead', 'cancelled'))
+        ) AS n
+        FROM dbqueue_job AS d
+        WHERE d.id = ANY(unseen) AND d.state = 'waiting'
+    ),
+    released AS (
+        UPDATE dbqueue_job AS d
+        SET waiting_on = r.n,
+            state = CASE WHEN r.n = 0 THEN 'pending' ELSE 'waiting' END,
+            run_after = CASE WHEN r.n = 0 THEN GREATEST(d.run_after, now()) ELSE d.run_after END
+        FROM recounted AS r
+        WHERE d.id = r.id
+        RETURNING d.queue, d.state
+    )
+    SELECT DISTINCT queue::text FROM released WHERE state = 'pending';
+END
+$fn$;
+"""
+
+DROP_RELEASE_LATE = "DROP FUNCTION IF EXISTS dbqueue_release_late(bigint[], bigint[]);"
+
 DROP_SETTLE_DEPENDENTS = """
 DROP TRIGGER IF EXISTS dbqueue_settle_dependents ON dbqueue_job;
 DROP FUNCTION IF EXISTS dbqueue_settle_dependents();
@@ -181,4 +221,5 @@ class Migration(migrations.Migration):
             index=models.Index(condition=models.Q(('state', 'waiting')), fields=['queue'], name='dbqueue_job_waiting_idx'),
         ),
         migrations.RunSQL(sql=SETTLE_DEPENDENTS, reverse_sql=DROP_SETTLE_DEPENDENTS),
+        migrations.RunSQL(sql=RELEASE_LATE, reverse_sql=DROP_RELEASE_LATE),
     ]

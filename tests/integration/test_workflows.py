@@ -269,6 +269,60 @@ def _complete_both_at_once(*, late_first):
     store.cancel("default", [callback.id])  # out of the next round's claims
 
 
+def test_a_dependent_added_while_its_dependency_completes_is_released():
+    """A workflow adds a dependent to a running job and holds its transaction open; the job's
+    completion waits for it (the workflow locks its existing dependencies), so the new dependent
+    is newer than the completion's snapshot. The completion still releases it."""
+    running = enqueue("echo", {})
+    token = store.new_token()
+    assert [
+        r.id
+        for r in store.claim(
+            "default", worker_id="t", queues=["default"], limits=[1], limit=1, token=token
+        )
+    ] == [running.id]
+    added, release_enqueuer = threading.Event(), threading.Event()
+    holder, pids, results = {}, {}, {}
+
+    def enqueue_after():
+        try:
+            with transaction.atomic():
+                holder["job"] = enqueue("echo", {"after": 1}, depends_on=[running])
+                added.set()
+                release_enqueuer.wait(10)
+        finally:
+            connections["default"].close()
+
+    def complete():
+        try:
+            pids["completer"] = scalar("SELECT pg_backend_pid()")
+            results["done"] = store.complete("default", [(running.id, token, None)])
+        finally:
+            connections["default"].close()
+
+    enqueuer = threading.Thread(target=enqueue_after)
+    enqueuer.start()
+    assert added.wait(10)
+    completer = threading.Thread(target=complete)
+    completer.start()
+    wait_until(
+        lambda: (
+            "completer" in pids
+            and scalar(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pids["completer"]]
+            )
+            == "Lock"
+        ),
+        message="the completion waits for the workflow's lock",
+    )
+    release_enqueuer.set()
+    enqueuer.join(20)
+    completer.join(20)
+    assert results["done"] == {running.id}
+    row = job_row(holder["job"].id)
+    assert (row["state"], row["waiting_on"]) == ("pending", 0)
+
+
 def test_waiting_is_counted_apart_from_scheduled_in_status_and_metrics():
     import datetime
 
