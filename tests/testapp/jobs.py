@@ -126,13 +126,13 @@ def collect(ctx):
     return {str(job_id): result for job_id, result in sorted(ctx.dependency_results().items())}
 
 
-@job("atomic-echo", atomic=True)
+@job("atomic-echo", atomic=True, timeout=30)
 def atomic_echo(ctx):
     """An atomic handler: its completion commits with its own transaction."""
     return ctx.payload
 
 
-@job("collect-atomic", atomic=True)
+@job("collect-atomic", atomic=True, timeout=30)
 def collect_atomic(ctx):
     """A workflow callback whose effect row commits with its completion: a run killed before
     the commit leaves no effect, so the effects count the callback's completed runs."""
