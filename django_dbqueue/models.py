@@ -6,7 +6,6 @@ each one covers only the rows its query can match, so the claim and the sweeper 
 with ten finished rows or ten million.
 """
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -24,6 +23,19 @@ __all__ = [
     "JobState",
     "ScheduleState",
 ]
+
+
+class IdArrayField(models.Field):
+    """A PostgreSQL ``bigint[]`` of job ids, read and written as a list of ints or ``None``.
+
+    Not ``django.contrib.postgres``'s ArrayField, which needs that app in INSTALLED_APPS (a
+    system check error on Django 6.1): only the package's SQL reads and writes this column.
+    """
+
+    description = "list of job ids (bigint[])"
+
+    def db_type(self, connection):
+        return "bigint[]"
 
 
 class BackgroundJob(models.Model):
@@ -60,7 +72,7 @@ class BackgroundJob(models.Model):
     # itself, so that a completion reads the newest list even when it had to wait for the
     # transaction that added a dependent (see sql.COMPLETE_JOBS).
     waiting_on = models.PositiveIntegerField(db_default=0, default=0, editable=False)
-    dependents = ArrayField(models.BigIntegerField(), null=True, blank=True, editable=False)
+    dependents = IdArrayField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "dbqueue_job"
