@@ -389,3 +389,10 @@ def test_change_page_shows_the_workflow_with_states_and_links(as_user):
         reverse("admin:django_dbqueue_backgroundjob_change", args=[alone.id])
     ).content.decode()
     assert "not part of a workflow" in page
+    summary = client.get(reverse(CHANGELIST)).content.decode()
+    # default: first pending and alone due; the cancelled member's dependents are cancelled.
+    assert "<th>scheduled</th><th>waiting</th>" in summary
+    assert "<td>default</td><td>2</td><td>0</td><td>0</td>" in summary
+    group(("noop", {}), then=("noop", {}))
+    summary = client.get(reverse(CHANGELIST)).content.decode()
+    assert "<td>default</td><td>3</td><td>0</td><td>1</td>" in summary
