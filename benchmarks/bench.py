@@ -83,7 +83,7 @@ DJANGO_ONLY_OPTIONS = {
 # --------------------------------------------------------------------------------------------
 # SQL shared by the sides (set-up and the invoice row) and the baseline's own statements
 # --------------------------------------------------------------------------------------------
-RESET = "TRUNCATE dbqueue_job, dbqueue_delivery, bench_invoice RESTART IDENTITY"
+RESET = "TRUNCATE dbqueue_job, dbqueue_dependency, dbqueue_delivery, bench_invoice RESTART IDENTITY"
 PROBE_RESET = "TRUNCATE bench_commit_probe; INSERT INTO bench_commit_probe (id, n) VALUES (1, 0)"
 PROBE = "UPDATE bench_commit_probe SET n = n + 1 WHERE id = 1"
 

@@ -18,6 +18,7 @@ from .exceptions import (
     UnsupportedDatabase,
 )
 from .registry import job
+from .workflow import Workflow, WorkflowJob, chain, group, workflow
 
 __version__ = "0.1.0.dev0"
 
@@ -35,10 +36,15 @@ __all__ = [
     "RetryJob",
     "UnknownJobType",
     "UnsupportedDatabase",
+    "Workflow",
+    "WorkflowJob",
     "begin_delivery",
+    "chain",
     "deliver",
     "enqueue",
     "enqueue_many",
+    "group",
     "job",
     "settle_delivery",
+    "workflow",
 ]

@@ -23,6 +23,7 @@ JOB_TYPE = "django.tasks"
 _known_tasks: dict[str, Task] = {}
 
 _STATUS = {
+    "waiting": TaskResultStatus.READY,  # a workflow job waiting for its dependencies
     "pending": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,
     "done": TaskResultStatus.SUCCESSFUL,

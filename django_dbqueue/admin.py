@@ -16,7 +16,7 @@ from django.db import DatabaseError
 from django.db.models import Q
 from django.db.models.functions import Now
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
@@ -131,6 +131,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "payload_pretty",
         "result_pretty",
         "errors_pretty",
+        "workflow_display",
     ]
     fieldsets = [
         (None, {"fields": ["id", "type", "queue", "state", "priority", "idempotency_key"]}),
@@ -140,6 +141,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             {"fields": ["attempts", "max_attempts", "worker_id", "lease_seconds", "leased_until"]},
         ),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "errors_pretty"]}),
+        ("Workflow", {"fields": ["workflow_display"]}),
     ]
     change_list_template = "admin/django_dbqueue/change_list.html"
 
@@ -241,6 +243,46 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             "" if obj.result is None else _pre(json.dumps(obj.result, indent=2, ensure_ascii=False))
         )
 
+    @admin.display(description="waits on / waited on by")
+    def workflow_display(self, obj):
+        """The job's neighbours in its workflow (docs/workflows.md), in id order with their
+        states: the jobs it waits on, then the jobs waiting on it."""
+        rows = store.workflow_neighbours(get_settings().DATABASE, obj.pk)
+        if not rows:
+            return "not part of a workflow"
+        meta = BackgroundJob._meta  # a dead letter's neighbours are jobs of any state
+        parts = []
+        for relation, title in (("depends_on", "Waits on"), ("dependent", "Waited on by")):
+            items = [row for row in rows if row[0] == relation]
+            if not items:
+                continue
+            parts.append(
+                format_html(
+                    '<div class="dbqueue-workflow"><strong>{}</strong><ol>{}</ol></div>',
+                    title,
+                    format_html_join(
+                        "",
+                        '<li><a href="{}">#{} {}</a> — {}{}</li>',
+                        (
+                            (
+                                reverse(
+                                    f"admin:{meta.app_label}_{meta.model_name}_change",
+                                    args=[job_id],
+                                ),
+                                job_id,
+                                job_type,
+                                state,
+                                " (runs even if it fails)" if run_on_failure else "",
+                            )
+                            for _, job_id, job_type, state, run_on_failure in items
+                        ),
+                    ),
+                )
+            )
+        if obj.state == JobState.WAITING:
+            parts.append(format_html("<p>waiting for {} more</p>", obj.waiting_on))
+        return format_html_join("", "{}", ((part,) for part in parts))
+
     @admin.display(description="errors (every failed attempt)")
     def errors_pretty(self, obj):
         if not obj.errors:
@@ -328,11 +370,13 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             "only pending jobs scheduled for later can be run now",
         )
 
-    @admin.action(description="Cancel (pending → cancelled)", permissions=["cancel"])
+    @admin.action(description="Cancel (pending or waiting → cancelled)", permissions=["cancel"])
     def cancel(self, request, queryset):
         ids = list(queryset.values_list("id", flat=True))
         moved = store.cancel(get_settings().DATABASE, ids)
-        self._report(request, "Cancelled", moved, ids, "only pending jobs can be cancelled")
+        self._report(
+            request, "Cancelled", moved, ids, "only pending or waiting jobs can be cancelled"
+        )
 
 
 class DeadLetterAdmin(BackgroundJobAdmin):

@@ -46,6 +46,18 @@ class JobContext:
         self.worker_id = worker_id
         self.using = using
 
+    def dependency_results(self):
+        """``{dependency id: result}`` of the jobs this one waited on (docs/workflows.md): each
+        one's decoded return value, ``None`` for a handler that returned nothing or for a
+        dependency that failed (``on_failure="run"``). A dependency already deleted by
+        retention is missing."""
+        from . import store
+
+        return {
+            job_id: None if result is None else json.loads(result)
+            for job_id, result in store.dependency_results(self.using, self.id).items()
+        }
+
     @property
     def is_last_attempt(self):
         """True when a failure of this run sends the job to the dead letters."""

@@ -125,6 +125,8 @@ def enqueue(
     idempotency_key=None,
     max_attempts=None,
     using=None,
+    depends_on=None,
+    on_failure="cancel",
 ):
     """Add a job of registered ``type`` with a JSON ``payload``; returns an :class:`EnqueuedJob`.
 
@@ -148,9 +150,32 @@ def enqueue(
     **Tracing.** Inside an OpenTelemetry trace (the ``[otel]`` extra), the job records the
     active span's ``traceparent`` and its run becomes a span of the same trace.
 
+    **Dependencies.** With ``depends_on`` (a list of ``EnqueuedJob`` or job ids) the job waits
+    until every one of them is done; ``on_failure="run"`` runs it even when one dies or is
+    cancelled (default: it is cancelled too). See docs/workflows.md; such a job cannot have an
+    ``idempotency_key``.
+
     Raises ``UnknownJobType``, ``PayloadError`` (naming the offending path), ``EnqueueError`` or
     ``UnsupportedDatabase`` before anything is written.
     """
+    if on_failure != "cancel" and depends_on is None:
+        raise EnqueueError(f"on_failure={on_failure!r} needs depends_on")
+    if depends_on is not None:
+        if idempotency_key is not None:
+            raise EnqueueError("a job with depends_on cannot have an idempotency_key")
+        from .workflow import Workflow
+
+        wf = Workflow()
+        options = {"queue": queue, "priority": priority, "run_after": run_after}
+        options.update(delay=delay, max_attempts=max_attempts)
+        wf.add(
+            type,
+            payload,
+            depends_on=depends_on,
+            on_failure=on_failure,
+            **{name: value for name, value in options.items() if value is not None},
+        )
+        return wf.enqueue(using=using)[0]
     conf = get_settings()
     using = using or conf.DATABASE
     _check_database(using)

@@ -16,12 +16,26 @@ __all__ = [
     "BackgroundJob",
     "DeadLetter",
     "DeliveryState",
+    "Dependency",
     "DepthSample",
     "FinishedMinute",
     "JobDelivery",
     "JobState",
     "ScheduleState",
 ]
+
+
+class IdArrayField(models.Field):
+    """A PostgreSQL ``bigint[]`` of job ids, read and written as a list of ints or ``None``.
+
+    Not ``django.contrib.postgres``'s ArrayField, which needs that app in INSTALLED_APPS (a
+    system check error on Django 6.1): only the package's SQL reads and writes this column.
+    """
+
+    description = "list of job ids (bigint[])"
+
+    def db_type(self, connection):
+        return "bigint[]"
 
 
 class BackgroundJob(models.Model):
@@ -52,6 +66,13 @@ class BackgroundJob(models.Model):
     # The W3C ``traceparent`` of the trace that enqueued the job (docs/observability.md); NULL
     # when no trace was active, which is every enqueue without OpenTelemetry.
     traceparent = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # Workflows (docs/workflows.md): how many of its dependencies a ``waiting`` job still waits
+    # for, and the ids of the jobs that wait for this one (NULL for a job outside a workflow:
+    # the completion and the trigger of migration 0009 then do nothing more for it). On the row
+    # itself, so that a completion reads the newest list even when it had to wait for the
+    # transaction that added a dependent (see sql.COMPLETE_JOBS).
+    waiting_on = models.PositiveIntegerField(db_default=0, default=0, editable=False)
+    dependents = IdArrayField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "dbqueue_job"
@@ -97,6 +118,14 @@ class BackgroundJob(models.Model):
                 condition=~Q(state=JobState.PENDING) | Q(attempts__lt=models.F("max_attempts")),
                 name="dbqueue_job_pending_has_attempts_left",
             ),
+            # A waiting job waits for at least one dependency; no other job counts any.
+            models.CheckConstraint(
+                condition=(
+                    Q(state=JobState.WAITING, waiting_on__gt=0)
+                    | (~Q(state=JobState.WAITING) & Q(waiting_on=0))
+                ),
+                name="dbqueue_job_waiting_iff_counting",
+            ),
             # At most one job per idempotency key, whatever its state.
             models.UniqueConstraint(
                 fields=["idempotency_key"],
@@ -126,6 +155,12 @@ class BackgroundJob(models.Model):
                 name="dbqueue_job_dead_queue_idx",
                 condition=Q(state=JobState.DEAD),
             ),
+            # The status and metrics count of jobs waiting for workflow dependencies.
+            models.Index(
+                fields=["queue"],
+                name="dbqueue_job_waiting_idx",
+                condition=Q(state=JobState.WAITING),
+            ),
             # Retention and the dead-letter views: finished rows by age.
             models.Index(
                 fields=["state", "finished_at"],
@@ -136,6 +171,41 @@ class BackgroundJob(models.Model):
 
     def __str__(self):
         return f"{self.type} #{self.pk} ({self.state})"
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: ``job`` runs after ``depends_on`` is done.
+
+    ``run_on_failure``: when ``depends_on`` dies or is cancelled, ``job`` runs anyway instead of
+    being cancelled. No foreign keys in the database (retention deletes jobs with plain SQL);
+    the edges of a pruned job are deleted with it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # (job, depends_on) is unique: that index serves the walk from a job to its dependencies.
+    job = models.ForeignKey(
+        BackgroundJob,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    # Indexed (a ForeignKey is): the trigger's walk from a finished job to its dependents.
+    depends_on = models.ForeignKey(
+        BackgroundJob, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    run_on_failure = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "dbqueue_dependency"
+        verbose_name = "job dependency"
+        verbose_name_plural = "job dependencies"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="dbqueue_dependency_uniq"),
+        ]
+
+    def __str__(self):
+        return f"#{self.job_id} after #{self.depends_on_id}"
 
 
 class DeadLetter(BackgroundJob):

@@ -98,6 +98,114 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 INSERT_JOBS = _INSERT_JOBS.format(**_UNTRACED)
 INSERT_JOBS_TRACED = _INSERT_JOBS.format(**_TRACED)
 
+# A workflow (workflow.py, docs/workflows.md): its jobs and their dependency edges in one
+# statement, so the whole graph commits or rolls back with the caller's transaction.
+# - ``existing``: the dependencies that are jobs already in the table, locked (in id order) so
+#   that none of them can finish between the moment this statement counts it as not done and the
+#   moment the new dependents are added to its ``dependents``: a completion waits for this
+#   transaction, then reads the list from the row version committed here (COMPLETE_JOBS).
+# - Nothing is inserted when one of them is missing, dead or cancelled: the caller reads them
+#   back from the result and raises an error naming them.
+# - Ids are taken from the sequence first (in the order given), so that the edges, given as
+#   positions in the batch, can name the new jobs in the same statement.
+# - A job with dependencies not done yet starts ``waiting`` (the claim's index never sees it),
+#   counting them in waiting_on; the others start pending and wake the workers at commit.
+INSERT_WORKFLOW = """
+WITH existing AS MATERIALIZED (
+    SELECT id, state FROM dbqueue_job WHERE id = ANY(%(existing)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE
+),
+accepted AS MATERIALIZED (
+    SELECT count(*) = cardinality(%(existing)s::bigint[])
+           AND NOT bool_or(state IN ('dead', 'cancelled')) IS TRUE AS ok
+    FROM existing
+),
+ids AS MATERIALIZED (
+    SELECT ord, nextval(pg_get_serial_sequence('dbqueue_job', 'id')) AS id
+    FROM generate_series(1, cardinality(%(types)s::text[])) AS ord
+    WHERE (SELECT ok FROM accepted)
+),
+edges AS MATERIALIZED (
+    SELECT e.job_ord, e.dep_ord, e.dep_id, e.run_on_failure
+    FROM unnest(%(edge_jobs)s::int[], %(edge_dep_ords)s::int[], %(edge_dep_ids)s::bigint[],
+                %(edge_runs)s::boolean[]) AS e(job_ord, dep_ord, dep_id, run_on_failure)
+),
+counts AS MATERIALIZED (
+    SELECT e.job_ord,
+           count(*) FILTER (WHERE e.dep_ord IS NOT NULL OR x.state <> 'done') AS waiting_on
+    FROM edges AS e LEFT JOIN existing AS x ON x.id = e.dep_id
+    GROUP BY e.job_ord
+),
+inserted AS (
+    INSERT INTO dbqueue_job (
+        id, type, queue, payload, state, priority, run_after, attempts, max_attempts,
+        lease_seconds, idempotency_key, errors, created_at, traceparent, waiting_on,
+        dependents
+    )
+    SELECT i.id, u.type, u.queue, u.payload::jsonb,
+           CASE WHEN COALESCE(c.waiting_on, 0) > 0 THEN 'waiting' ELSE 'pending' END,
+           u.priority, COALESCE(u.run_after, now() + u.delay * interval '1 second'),
+           0, u.max_attempts, u.lease, NULL, '[]'::jsonb, now(), %(traceparent)s,
+           COALESCE(c.waiting_on, 0),
+           (SELECT array_agg(w.id ORDER BY w.id)
+            FROM edges AS d JOIN ids AS w ON w.ord = d.job_ord WHERE d.dep_ord = u.ord)
+    FROM unnest(
+        %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
+        %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
+        %(leases)s::float8[]
+    ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts,
+                           lease, ord)
+    JOIN ids AS i ON i.ord = u.ord
+    LEFT JOIN counts AS c ON c.job_ord = u.ord
+    RETURNING id, queue, state
+),
+linked AS (
+    INSERT INTO dbqueue_dependency (job_id, depends_on_id, run_on_failure)
+    SELECT j.id, COALESCE(d.id, e.dep_id), e.run_on_failure
+    FROM edges AS e JOIN ids AS j ON j.ord = e.job_ord LEFT JOIN ids AS d ON d.ord = e.dep_ord
+    RETURNING 1
+),
+flagged AS (
+    UPDATE dbqueue_job AS x
+    SET dependents = COALESCE(x.dependents, '{}') || a.ids
+    FROM (
+        SELECT e.dep_id, array_agg(w.id ORDER BY w.id) AS ids
+        FROM edges AS e JOIN ids AS w ON w.ord = e.job_ord
+        WHERE e.dep_id IS NOT NULL
+        GROUP BY e.dep_id
+    ) AS a
+    WHERE x.id = a.dep_id
+    RETURNING 1
+)
+SELECT 'job', id, state,
+       CASE WHEN state = 'pending' THEN pg_notify(%(channel)s, queue)::text END,
+       (SELECT count(*) FROM linked) + (SELECT count(*) FROM flagged)
+FROM inserted
+UNION ALL
+SELECT 'dependency', id, state, NULL, 0 FROM existing
+"""
+
+# A job's dependencies and their results (``ctx.dependency_results()``); a pruned dependency
+# is missing.
+DEPENDENCY_RESULTS = """
+SELECT j.id, j.result::text
+FROM dbqueue_dependency AS e JOIN dbqueue_job AS j ON j.id = e.depends_on_id
+WHERE e.job_id = %(id)s
+"""
+
+# The admin's view of a job's workflow: the jobs it waits on and the jobs waiting on it.
+WORKFLOW_NEIGHBOURS = """
+SELECT 'depends_on', j.id, j.type, j.state, e.run_on_failure
+FROM dbqueue_dependency AS e JOIN dbqueue_job AS j ON j.id = e.depends_on_id
+WHERE e.job_id = %(id)s
+UNION ALL
+SELECT 'dependent', j.id, j.type, j.state, e.run_on_failure
+FROM dbqueue_dependency AS e JOIN dbqueue_job AS j ON j.id = e.job_id
+WHERE e.depends_on_id = %(id)s
+ORDER BY 1, 2
+"""
+
 # Which jobs already hold these idempotency keys (the ones ON CONFLICT skipped).
 SELECT_IDS_BY_KEYS = """
 SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s::text[])
@@ -159,17 +267,73 @@ RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.
 # new holder's state. The ids it did not match come back missing from RETURNING. Committed like
 # the claim (asynchronously with ASYNC_COMMIT: a completion lost in a crash only means the job
 # runs again).
+# Workflows (docs/workflows.md): the same statement releases the jobs waiting for the ones it
+# completes, so "the last dependency is done -> the dependent is pending" commits with the
+# completion or not at all, exactly once:
+# - The dependents' ids come from the completed rows' own ``dependents`` column, as RETURNING
+#   gives it from the newest row version: a completion that waited for the transaction of a
+#   workflow adding a dependent to this job (it locks the row) still sees that dependent, which
+#   an edge-table read with this statement's snapshot would miss.
+# - Each dependent is locked once, in id order, and counts down by the number of its
+#   dependencies completed here; two workers completing dependencies of the same jobs take the
+#   locks in the same order (no deadlock), and the second one's UPDATE re-reads the row the first
+#   one committed, so the counter goes down one completion after the other.
+# - A dependent this statement cannot see at all was inserted by a workflow that committed while
+#   this statement waited for the completed row's lock (it locks its existing dependencies):
+#   its row is newer than this statement's snapshot. ``late`` hands those to
+#   dbqueue_release_late() (migration 0009), whose statements see it, and which counts the
+#   dependent's dependencies again (the ones completed here counted as done).
+# - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row,
+#   and the function is not called.
+# The result has one row per completed id and one (NULL id) per queue to wake.
 COMPLETE_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+),
+completed AS (
+    UPDATE dbqueue_job AS j
+    SET state = 'done', finished_at = now(), leased_until = NULL, result = c.result::jsonb
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[])
+             AS c(id, token, result),
+         commit_mode
+    WHERE j.id = c.id AND j.lease_token = c.token AND j.state = 'running'
+    RETURNING j.id, j.dependents
+),
+counts AS MATERIALIZED (
+    SELECT d.id, count(*) AS n
+    FROM completed AS c CROSS JOIN LATERAL unnest(c.dependents) AS d(id)
+    GROUP BY d.id
+),
+locked AS MATERIALIZED (
+    SELECT j.id FROM dbqueue_job AS j
+    WHERE j.id IN (SELECT id FROM counts) AND j.state = 'waiting'
+    ORDER BY j.id
+    FOR NO KEY UPDATE
+),
+released AS (
+    UPDATE dbqueue_job AS d
+    SET waiting_on = d.waiting_on - n.n,
+        state = CASE WHEN d.waiting_on = n.n THEN 'pending' ELSE 'waiting' END,
+        run_after = CASE WHEN d.waiting_on = n.n THEN GREATEST(d.run_after, now())
+                         ELSE d.run_after END
+    FROM counts AS n
+    WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state = 'waiting'
+    RETURNING d.queue, d.state
+),
+late AS (
+    SELECT f.queue
+    FROM (
+        SELECT array_agg(c.id) AS ids FROM counts AS c
+        WHERE NOT EXISTS (SELECT 1 FROM dbqueue_job AS v WHERE v.id = c.id)
+    ) AS unseen
+    CROSS JOIN LATERAL dbqueue_release_late(unseen.ids, ARRAY(SELECT id FROM completed)) AS f(queue)
+    WHERE unseen.ids IS NOT NULL
 )
-UPDATE dbqueue_job AS j
-SET state = 'done', finished_at = now(), leased_until = NULL, result = c.result::jsonb
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[]) AS c(id, token, result),
-     commit_mode
-WHERE j.id = c.id AND j.lease_token = c.token AND j.state = 'running'
-RETURNING j.id
+SELECT id, NULL FROM completed
+UNION ALL
+SELECT NULL, pg_notify(%(channel)s, queue)::text
+FROM (SELECT queue FROM released WHERE state = 'pending' UNION SELECT queue FROM late) AS woken
 """
 
 # One failure: back to pending after a delay, or dead when the attempts are spent or the handler
@@ -371,20 +535,29 @@ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND run_after > now()
 RETURNING id, queue
 """
 
-# Pending -> cancelled. A running job is not cancelled: its handler is already under way.
+# Pending or waiting -> cancelled. A running job is not cancelled: its handler is already under
+# way. The workflow trigger cancels the jobs waiting for a cancelled one (docs/workflows.md).
 CANCEL_JOBS = """
-UPDATE dbqueue_job SET state = 'cancelled', finished_at = now()
-WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending'
+UPDATE dbqueue_job SET state = 'cancelled', finished_at = now(), waiting_on = 0
+WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('pending', 'waiting')
 RETURNING id
 """
 
 # Deletes finished jobs (done, dead, cancelled) only: the state test sits in the DELETE itself,
-# so a job requeued since it was selected is left alone. Delivery records keep the job's id (no
+# so a job requeued since it was selected is left alone. A deleted job's own dependency edges go
+# with it (one index probe per job; a job that others depended on keeps its edges until those
+# are deleted, so they can still read its result while it exists). Delivery records keep the job's id (no
 # foreign key in the database), as they do when retention prunes a job.
 DELETE_FINISHED_JOBS = """
-DELETE FROM dbqueue_job
-WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('done', 'dead', 'cancelled')
-RETURNING id
+WITH deleted AS (
+    DELETE FROM dbqueue_job
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('done', 'dead', 'cancelled')
+    RETURNING id
+),
+edges AS (
+    DELETE FROM dbqueue_dependency WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
+)
+SELECT id FROM deleted
 """
 
 # The ids of dead jobs matching optional filters, in id order after a cursor, for requeueing a
@@ -407,6 +580,7 @@ WHERE state = 'dead'
 
 # Retention: delete finished jobs of one state older than a cutoff, oldest first, bounded, and
 # SKIP LOCKED so that workers pruning at once split the rows. Served by dbqueue_job_finished_idx.
+# The workflow edges of a deleted job go with it (see DELETE_FINISHED_JOBS).
 PRUNE_FINISHED = """
 WITH deleted AS (
     DELETE FROM dbqueue_job
@@ -417,13 +591,16 @@ WITH deleted AS (
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING 1
+    RETURNING id
+),
+edges AS (
+    DELETE FROM dbqueue_dependency WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
 )
 SELECT count(*) FROM deleted
 """
 
 # Status --------------------------------------------------------------------------------------------
-# Counts per queue and state of the live states (pending, running, dead), the oldest due pending
+# Counts per queue and state of the live states (pending, waiting, running, dead), the oldest due pending
 # job's age, and the stuck (lease expired) jobs. One aggregate per state, so each is served by
 # that state's partial index (claim, lease, finished) instead of a scan of the whole table.
 # Finished rows (done, cancelled) are left out: retention keeps them few, and counting them is
@@ -439,12 +616,15 @@ FROM dbqueue_job WHERE state = 'running' GROUP BY queue
 UNION ALL
 SELECT queue, 'dead', count(*), 0, NULL, 0
 FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+UNION ALL
+SELECT queue, 'waiting', count(*), 0, NULL, 0
+FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
 ORDER BY 1, 2
 """
 
 # Metrics ---------------------------------------------------------------------------------------
 # Every gauge of the table in one statement, as (kind, name, label, value) rows: per queue the due,
-# scheduled, running, stuck and dead jobs and the oldest due job's age; per worker holding jobs
+# scheduled, waiting (on workflow dependencies), running, stuck and dead jobs and the oldest due job's age; per worker holding jobs
 # the jobs it holds and the seconds since its last heartbeat (a lease is extended to now() + lease,
 # so leased_until - lease is when it was last extended); the unconfirmed delivery records. Like
 # STATUS_COUNTS, each part reads one state through that state's partial index (claim, lease,
@@ -472,6 +652,9 @@ CROSS JOIN LATERAL (VALUES ('running', r.running::float8), ('stuck', r.stuck::fl
     AS v(label, value)
 UNION ALL
 SELECT 'queue', queue, 'dead', count(*)::float8 FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+UNION ALL
+SELECT 'queue', queue, 'waiting', count(*)::float8
+FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
 UNION ALL
 SELECT 'worker', w.worker_id, v.label, v.value
 FROM (

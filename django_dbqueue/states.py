@@ -4,6 +4,7 @@ from django.db import models
 
 
 class JobState(models.TextChoices):
+    WAITING = "waiting", "waiting (on dependencies)"
     PENDING = "pending", "pending"
     RUNNING = "running", "running"
     DONE = "done", "done"

@@ -85,6 +85,43 @@ def notify_workers_at_commit(using, *, channel, payloads):
     _execute(using, sql.NOTIFY_WORKERS_AT_COMMIT, {"channel": channel, "payloads": list(payloads)})
 
 
+def insert_workflow(using, *, channel, columns, edges, existing, traceparent=None):
+    """Insert a workflow's jobs and edges in one statement (``sql.INSERT_WORKFLOW``).
+
+    ``edges``: ``(job position, dependency position or None, dependency id or None,
+    run_on_failure)`` with 1-based positions in ``columns``; ``existing``: the ids of the
+    dependencies already in the table. Returns ``(job ids in order with their state,
+    {existing id: state})``; no job ids when an existing dependency is missing, dead or
+    cancelled (then nothing was written).
+    """
+    job_ords, dep_ords, dep_ids, runs = zip(*edges, strict=True) if edges else ((), (), (), ())
+    params = {
+        "channel": channel,
+        "traceparent": traceparent,
+        "existing": list(existing),
+        "edge_jobs": list(job_ords),
+        "edge_dep_ords": list(dep_ords),
+        "edge_dep_ids": list(dep_ids),
+        "edge_runs": list(runs),
+        **columns,
+    }
+    rows = _execute(using, sql.INSERT_WORKFLOW, params)
+    jobs = sorted((job_id, state) for kind, job_id, state, _, _ in rows if kind == "job")
+    found = {job_id: state for kind, job_id, state, _, _ in rows if kind == "dependency"}
+    return jobs, found
+
+
+def dependency_results(using, job_id):
+    """``{dependency id: result JSON text or None}`` of a job's dependencies still stored."""
+    return dict(_execute(using, sql.DEPENDENCY_RESULTS, {"id": job_id}))
+
+
+def workflow_neighbours(using, job_id):
+    """``[(relation, id, type, state, run_on_failure), ...]``: relation is ``depends_on`` (this
+    job waits on that one) or ``dependent`` (that one waits on this job)."""
+    return _execute(using, sql.WORKFLOW_NEIGHBOURS, {"id": job_id})
+
+
 def ids_by_keys(using, keys):
     return dict(_execute(using, sql.SELECT_IDS_BY_KEYS, {"keys": list(keys)}))
 
@@ -116,14 +153,20 @@ def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False)
     return [ClaimedRow(*row) for row in rows]
 
 
-def complete(using, acks, *, async_commit=False):
+def complete(using, acks, *, async_commit=False, channel=None):
     """Mark ``[(id, token, result_json_or_None), ...]`` done; returns the set of ids that matched.
 
     An id missing from the result was fenced out: its lease was lost and the job claimed again
-    (or an earlier try of this same write committed; :func:`read_back` tells).
+    (or an earlier try of this same write committed; :func:`read_back` tells). Jobs of a workflow
+    that were waiting for these are released in the same statement, and the workers of their
+    queues woken on ``channel`` (default ``DBQUEUE["NOTIFY_CHANNEL"]``).
     """
     if not acks:
         return set()
+    if channel is None:
+        from .conf import get_settings
+
+        channel = get_settings().NOTIFY_CHANNEL
     ids, tokens, results = zip(*acks, strict=True)
     rows = _execute(
         using,
@@ -133,9 +176,10 @@ def complete(using, acks, *, async_commit=False):
             "tokens": list(tokens),
             "results": list(results),
             "commit": _commit(async_commit),
+            "channel": channel,
         },
     )
-    return {row[0] for row in rows}
+    return {row[0] for row in rows if row[0] is not None}
 
 
 def fail(using, *, job_id, token, error, delay, dead=False):
@@ -259,6 +303,7 @@ def _empty_status():
         "dead": 0,
         "stuck": 0,
         "scheduled": 0,
+        "waiting": 0,
         "oldest_due_seconds": None,
     }
 
@@ -266,8 +311,8 @@ def _empty_status():
 def status(using, queues=()):
     """Per-queue counts: ``{queue: {"pending", "running", "dead", "stuck", "scheduled",
     "oldest_due_seconds"}}``, with a zero entry for each of ``queues`` that has no live job.
-    ``pending`` is due now; ``scheduled`` is pending with a future ``run_after``; ``stuck`` is
-    running past its lease."""
+    ``pending`` is due now; ``scheduled`` is pending with a future ``run_after``; ``waiting``
+    waits for its workflow dependencies; ``stuck`` is running past its lease."""
     result = {queue: _empty_status() for queue in queues}
     for queue, state, count, stuck, oldest_due, scheduled in _execute(using, sql.STATUS_COUNTS, {}):
         entry = result.setdefault(queue, _empty_status())

@@ -113,7 +113,7 @@ def test_run_now_and_cancel(as_user):
     response = post_action(client, "cancel", [later.id, due.id])
     assert texts(response) == [
         "Cancelled 1 job(s).",
-        "1 selected job(s) were left alone: only pending jobs can be cancelled.",
+        "1 selected job(s) were left alone: only pending or waiting jobs can be cancelled.",
     ]
     assert job_row(later.id)["state"] == "cancelled" and job_row(due.id)["state"] == "running"
 
@@ -364,3 +364,35 @@ def test_delivery_records_cannot_be_deleted_in_the_admin(admin_client):
     url = reverse("admin:django_dbqueue_jobdelivery_delete", args=[record_id])
     assert admin_client.post(url, {"post": "yes"}).status_code == 403
     assert scalar("SELECT count(*) FROM dbqueue_delivery WHERE key = %s", [record.key]) == 1
+
+
+def test_change_page_shows_the_workflow_with_states_and_links(as_user):
+    from django_dbqueue import group
+
+    first, second, callback = group(("noop", {}), ("echo", {}), then=("noop", {}))
+    store.cancel("default", [second.id])
+    client = as_user()
+    page = client.get(
+        reverse("admin:django_dbqueue_backgroundjob_change", args=[callback.id])
+    ).content.decode()
+    change = "/admin/django_dbqueue/backgroundjob/{}/change/"
+    assert "Waits on" in page and "Waited on by" not in page
+    assert f'<a href="{change.format(first.id)}">#{first.id} noop</a> — pending' in page
+    assert f'<a href="{change.format(second.id)}">#{second.id} echo</a> — cancelled' in page
+    assert page.index(f"#{first.id} noop") < page.index(f"#{second.id} echo")
+    page = client.get(
+        reverse("admin:django_dbqueue_backgroundjob_change", args=[first.id])
+    ).content.decode()
+    assert "Waited on by" in page and f"#{callback.id} noop</a> — cancelled" in page
+    alone = enqueue("noop")
+    page = client.get(
+        reverse("admin:django_dbqueue_backgroundjob_change", args=[alone.id])
+    ).content.decode()
+    assert "not part of a workflow" in page
+    summary = client.get(reverse(CHANGELIST)).content.decode()
+    # default: first pending and alone due; the cancelled member's dependents are cancelled.
+    assert "<th>scheduled</th><th>waiting</th>" in summary
+    assert "<td>default</td><td>2</td><td>0</td><td>0</td>" in summary
+    group(("noop", {}), then=("noop", {}))
+    summary = client.get(reverse(CHANGELIST)).content.decode()
+    assert "<td>default</td><td>3</td><td>0</td><td>1</td>" in summary

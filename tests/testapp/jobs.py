@@ -113,3 +113,32 @@ async def async_hang(ctx):
     import asyncio
 
     await asyncio.sleep(ctx.payload.get("seconds", 600))
+
+
+@job("collect")
+def collect(ctx):
+    """A workflow callback: record the run like "record" and return the dependencies' results."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (job_id, attempt, worker, pid) VALUES (%s, %s, %s, %s)",
+            [ctx.id, ctx.attempt, ctx.worker_id, os.getpid()],
+        )
+    return {str(job_id): result for job_id, result in sorted(ctx.dependency_results().items())}
+
+
+@job("atomic-echo", atomic=True, timeout=30)
+def atomic_echo(ctx):
+    """An atomic handler: its completion commits with its own transaction."""
+    return ctx.payload
+
+
+@job("collect-atomic", atomic=True, timeout=30)
+def collect_atomic(ctx):
+    """A workflow callback whose effect row commits with its completion: a run killed before
+    the commit leaves no effect, so the effects count the callback's completed runs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_effect (job_id, attempt, worker, pid) VALUES (%s, %s, %s, %s)",
+            [ctx.id, ctx.attempt, ctx.worker_id, os.getpid()],
+        )
+    return sorted(ctx.dependency_results())

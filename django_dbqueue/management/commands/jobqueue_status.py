@@ -40,7 +40,7 @@ class Command(BaseCommand):
         per_queue = store.status(using, conf.QUEUES)
         totals = {
             key: sum(q[key] for q in per_queue.values())
-            for key in ("pending", "scheduled", "running", "stuck", "dead")
+            for key in ("pending", "scheduled", "waiting", "running", "stuck", "dead")
         }
         ages = [
             q["oldest_due_seconds"]
@@ -91,13 +91,21 @@ class Command(BaseCommand):
             raise SystemExit(1)
 
     def _table(self, per_queue, totals):
-        header = ("queue", "pending", "scheduled", "running", "stuck", "dead", "oldest due")
+        header = (
+            "queue",
+            "pending",
+            "scheduled",
+            "waiting",
+            "running",
+            "stuck",
+            "dead",
+            "oldest due",
+        )
         rows = [header]
         for name, q in [*sorted(per_queue.items()), ("TOTAL", totals)]:
             age = "-" if q["oldest_due_seconds"] is None else f"{q['oldest_due_seconds']:.0f}s"
-            rows.append(
-                (name, q["pending"], q["scheduled"], q["running"], q["stuck"], q["dead"], age)
-            )
+            counts = [q[key] for key in ("pending", "scheduled", "waiting", "running", "stuck")]
+            rows.append((name, *counts, q["dead"], age))
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
         for row in rows:
             self.stdout.write(
