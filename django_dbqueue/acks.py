@@ -113,11 +113,25 @@ class Acknowledger:
         return written
 
     # -- writes --------------------------------------------------------------------------------
-    def _write_done(self, db, done):
+    def take_done(self):
+        """The buffered successes, to write along with a claim (``done_statement``); give them
+        back with ``restore_done`` when that fails."""
+        with self._lock:
+            done, self._done = self._done, []
+        return done
+
+    def restore_done(self, done):
+        with self._lock:
+            self._done[:0] = done
+
+    def done_statement(self, done):
         # In id order, like the heartbeat, so the two never lock the same rows in opposite orders.
         acks = sorted((e.ctx.id, e.token, r) for e, r, _ in done)
+        return store.complete_statement(acks, async_commit=self.async_commit)
+
+    def _write_done(self, db, done):
         try:
-            matched = store.complete(db, acks, async_commit=self.async_commit)
+            matched = store.completed_ids(db.execute(*self.done_statement(done)))
         except DB_ERRORS:
             raise
         except Exception:
@@ -139,6 +153,10 @@ class Acknowledger:
             for item in done:
                 written += self._write_done(db, [item])
             return written
+        return self.report_done(db, done, matched)
+
+    def report_done(self, db, done, matched):
+        """Count and signal the successes written; read back the ones the write did not match."""
         missing = [e for e, _, _ in done if e.ctx.id not in matched]
         if missing:
             matched |= self._read_back(db, missing, "done")

@@ -145,6 +145,17 @@ class Session:
         self.statements += 1
         return cursor.fetchall() if cursor.description else []
 
+    def execute_pipelined(self, statements):
+        """Run ``[(statement, params), ...]`` in one round trip (psycopg's pipeline mode), each
+        its own transaction in autocommit; returns their rows in order. An error in one aborts
+        the ones after it and is raised."""
+        if self.conn is None or self.conn.closed:
+            self._connect()
+        with self.conn.pipeline():
+            cursors = [self.conn.execute(statement, params) for statement, params in statements]
+        self.statements += len(statements)
+        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+
     def reset(self):
         if self.conn is not None:
             with contextlib.suppress(psycopg.Error):

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from django.db import DatabaseError, close_old_connections, connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from . import registry, store, tracing
 from .connections import close_side_connections, discard_connection
@@ -134,13 +134,21 @@ def _has_input(connection):
 class ConnectionHygiene:
     """Connection hygiene of one handler thread (or child process) between jobs."""
 
+    has_connections = True  # until after() has looked
+
     def before(self):
-        # Django's own per-request rule: CONN_MAX_AGE and CONN_HEALTH_CHECKS are honoured.
-        close_old_connections()
-        # A kept connection whose server went away while it was idle (restart, a terminated
-        # backend, an idle timeout) has already said so on its socket: check those, and only
-        # those, so that the next job does not fail its attempt on a dead connection.
+        # Django's own per-request rule (close_old_connections()): CONN_MAX_AGE and
+        # CONN_HEALTH_CHECKS are honoured. Then a kept connection whose server went away while it
+        # was idle (restart, a terminated backend, an idle timeout) has already said so on its
+        # socket: check those, and only those, so that the next job does not fail its attempt on
+        # a dead connection. A thread whose handlers never touched the database pays nothing:
+        # after() saw it has no connection, and none can appear between two jobs.
+        if not self.has_connections:
+            return
         for connection in connections.all(initialized_only=True):
+            if connection.connection is None:
+                continue
+            connection.close_if_unusable_or_obsolete()
             if (
                 connection.connection is not None
                 and _has_input(connection)
@@ -150,7 +158,9 @@ class ConnectionHygiene:
 
     def after(self):
         # A handler that broke its connection must not pass the breakage to the next job.
-        for connection in connections.all(initialized_only=True):
+        initialized = connections.all(initialized_only=True)
+        self.has_connections = bool(initialized)
+        for connection in initialized:
             if connection.connection is not None and connection.errors_occurred:
                 if connection.is_usable():
                     connection.errors_occurred = False

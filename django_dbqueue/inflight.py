@@ -8,7 +8,7 @@ none touches the table or its lock directly.
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(eq=False)
@@ -22,7 +22,6 @@ class Entry:
     timed_out: bool = False  # given up by the watchdog: its outcome is discarded
     lost: bool = False  # the lease went to someone else: never start it, discard its outcome
     released: bool = False  # handed back at shutdown
-    done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def given_up(self):

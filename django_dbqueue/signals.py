@@ -29,6 +29,8 @@ job_dead = Signal()  # the job is in the dead letters
 
 def send(signal, job_type, **kwargs):
     """Send ``signal`` for a job of type ``job_type`` (a name) to every receiver, robustly."""
+    if not signal.receivers:  # the common case: nobody listens, and this runs once per job
+        return
     from . import registry
 
     registered = registry.get(job_type)

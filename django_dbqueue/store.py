@@ -138,18 +138,31 @@ def _commit(async_commit):
 def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False):
     """Claim up to ``limit`` due jobs from ``queues`` (``limits``: the cap of each queue) under
     lease ``token`` (see :func:`new_token`)."""
-    rows = _execute(
-        using,
-        sql.CLAIM_JOBS,
-        {
-            "worker": worker_id,
-            "queues": list(queues),
-            "limits": list(limits),
-            "limit": limit,
-            "token": token,
-            "commit": _commit(async_commit),
-        },
+    statement = claim_statement(
+        worker_id=worker_id,
+        queues=queues,
+        limits=limits,
+        limit=limit,
+        token=token,
+        async_commit=async_commit,
     )
+    return claimed_rows(_execute(using, *statement))
+
+
+def claim_statement(*, worker_id, queues, limits, limit, token, async_commit=False):
+    """:func:`claim`'s statement and parameters, for a Session's ``execute_pipelined``."""
+    params = {
+        "worker": worker_id,
+        "queues": list(queues),
+        "limits": list(limits),
+        "limit": limit,
+        "token": token,
+        "commit": _commit(async_commit),
+    }
+    return sql.CLAIM_JOBS, params
+
+
+def claimed_rows(rows):
     return [ClaimedRow(*row) for row in rows]
 
 
@@ -163,22 +176,28 @@ def complete(using, acks, *, async_commit=False, channel=None):
     """
     if not acks:
         return set()
+    statement = complete_statement(acks, async_commit=async_commit, channel=channel)
+    return completed_ids(_execute(using, *statement))
+
+
+def complete_statement(acks, *, async_commit=False, channel=None):
+    """:func:`complete`'s statement and parameters, for a Session's ``execute_pipelined``."""
     if channel is None:
         from .conf import get_settings
 
         channel = get_settings().NOTIFY_CHANNEL
     ids, tokens, results = zip(*acks, strict=True)
-    rows = _execute(
-        using,
-        sql.COMPLETE_JOBS,
-        {
-            "ids": list(ids),
-            "tokens": list(tokens),
-            "results": list(results),
-            "commit": _commit(async_commit),
-            "channel": channel,
-        },
-    )
+    params = {
+        "ids": list(ids),
+        "tokens": list(tokens),
+        "results": list(results),
+        "commit": _commit(async_commit),
+        "channel": channel,
+    }
+    return sql.COMPLETE_JOBS, params
+
+
+def completed_ids(rows):
     return {row[0] for row in rows if row[0] is not None}
 
 

@@ -180,7 +180,7 @@ def test_requeued_dependency_brings_back_what_it_cancelled_and_releases_it(start
     worker.thread.join(15)
     # Make it succeed this time: a job type swap is not possible, so requeue into a worker
     # that completes it by hand.
-    store.requeue("default", [a.id], channel="dbqueue")
+    store.requeue("default", [a.id])
     assert state(a.id) == "pending"
     assert [state(b.id), state(c.id)] == ["waiting", "waiting"]
     assert job_row(b.id)["errors"][-1]["class"] == "DependencyRequeued"
@@ -202,9 +202,9 @@ def test_a_dependent_with_another_dead_dependency_stays_cancelled_on_requeue():
     ids = [j.id for j in wf.enqueue()]
     store.cancel("default", [ids[0], ids[1]])
     assert state(ids[2]) == "cancelled"
-    store.requeue("default", [ids[0]], channel="dbqueue")
+    store.requeue("default", [ids[0]])
     assert state(ids[2]) == "cancelled"
-    store.requeue("default", [ids[1]], channel="dbqueue")
+    store.requeue("default", [ids[1]])
     assert state(ids[2]) == "waiting" and job_row(ids[2])["waiting_on"] == 2
     del one, two, after
 
