@@ -242,6 +242,20 @@ def _spec(item, index):
     )
 
 
+def columns_of(prepared):
+    """The array parameters of a batch INSERT, from ``_prepare()``'s values of each job."""
+    return {
+        "types": [p["type"] for p in prepared],
+        "queues": [p["queue"] for p in prepared],
+        "payloads": [p["payload"] for p in prepared],
+        "priorities": [p["priority"] for p in prepared],
+        "run_afters": [p["run_after"] for p in prepared],
+        "delays": [p["delay"] for p in prepared],
+        "max_attempts": [p["max_attempts"] for p in prepared],
+        "leases": [p["lease"] for p in prepared],
+    }
+
+
 def enqueue_many(jobs, *, using=None):
     """Add many jobs in one INSERT statement; same rules as :func:`enqueue`, inside the caller's
     transaction. After the commit, one notification per queue carries that queue's job count.
@@ -270,17 +284,7 @@ def enqueue_many(jobs, *, using=None):
             raise payloads.PayloadError(f"jobs[{index}]: {exc}") from exc
     if not prepared:
         return []
-    columns = {
-        "types": [p["type"] for p in prepared],
-        "queues": [p["queue"] for p in prepared],
-        "payloads": [p["payload"] for p in prepared],
-        "priorities": [p["priority"] for p in prepared],
-        "run_afters": [p["run_after"] for p in prepared],
-        "delays": [p["delay"] for p in prepared],
-        "max_attempts": [p["max_attempts"] for p in prepared],
-        "leases": [p["lease"] for p in prepared],
-        "keys": [p["key"] for p in prepared],
-    }
+    columns = {**columns_of(prepared), "keys": [p["key"] for p in prepared]}
     rows = store.insert_jobs(using, columns=columns, traceparent=tracing.current_traceparent())
     wakeup.jobs_ready(using, (queue for _, _, queue, due in rows if due))
     # RETURNING order is not guaranteed; rows without a key map back by insertion order, which

@@ -10,7 +10,7 @@ it ``pending`` when its last dependency is done, or cancels it when one dies or 
 
 from . import payloads, store, tracing, validation
 from .conf import get_settings
-from .enqueue import EnqueuedJob, _check_database, _prepare
+from .enqueue import EnqueuedJob, _check_database, _prepare, columns_of
 from .exceptions import EnqueueError, UnknownJobType
 
 ON_FAILURE = ("cancel", "run")
@@ -172,16 +172,7 @@ class Workflow:
                 else:
                     edges.append((job.index + 1, None, dep, run))
                     existing.add(dep)
-        columns = {
-            "types": [p["type"] for p in prepared],
-            "queues": [p["queue"] for p in prepared],
-            "payloads": [p["payload"] for p in prepared],
-            "priorities": [p["priority"] for p in prepared],
-            "run_afters": [p["run_after"] for p in prepared],
-            "delays": [p["delay"] for p in prepared],
-            "max_attempts": [p["max_attempts"] for p in prepared],
-            "leases": [p["lease"] for p in prepared],
-        }
+        columns = columns_of(prepared)
         ids, found = store.insert_workflow(
             using,
             channel=conf.NOTIFY_CHANNEL,
