@@ -444,9 +444,10 @@ def _tour(page, shop, base_url, charge_id, ada, grace, linus, screenshot):
     summary = page.locator("#dbqueue-status")
     expect(summary).to_be_visible()
     payments = summary.locator("tr", has=page.locator("td", has_text=re.compile(r"^payments$")))
-    # pending (due) 1 (Linus's charge), dead 1 (Ada's charge)
-    expect(payments.locator("td").nth(1)).to_have_text("1")
-    expect(payments.locator("td").nth(5)).to_have_text("1")
+    # pending (due) 1 (Linus's charge), dead 1 (Ada's charge); columns by their headers
+    headers = summary.locator("thead th").evaluate_all("els => els.map(e => e.textContent.trim())")
+    expect(payments.locator("td").nth(headers.index("pending (due)"))).to_have_text("1")
+    expect(payments.locator("td").nth(headers.index("dead"))).to_have_text("1")
     # Its actions are the ones the user's permissions allow: requeue, not run-now or cancel.
     actions = page.locator("select[name=action] option").evaluate_all(
         "els => els.map(e => e.value)"
