@@ -34,7 +34,7 @@ class JobContext:
         self.id = row.id
         self.type = row.type
         self.queue = row.queue
-        self.payload = json.loads(row.payload_json)
+        self.payload = row.payload
         self.attempt = row.attempt
         self.max_attempts = row.max_attempts
         self.lease_seconds = row.lease_seconds

@@ -35,7 +35,7 @@ def _row_to_json(ctx, token):
             "id": ctx.id,
             "type": ctx.type,
             "queue": ctx.queue,
-            "payload_json": json.dumps(ctx.payload),
+            "payload": ctx.payload,
             "attempt": ctx.attempt,
             "max_attempts": ctx.max_attempts,
             "lease_seconds": ctx.lease_seconds,

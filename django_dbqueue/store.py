@@ -5,6 +5,7 @@ instance. They run on the calling thread's Django connection, so inside ``transa
 they take part in the caller's transaction.
 """
 
+import datetime
 import json
 import logging
 import secrets
@@ -24,7 +25,7 @@ class ClaimedRow:
     id: int
     type: str
     queue: str
-    payload_json: str
+    payload: object  # decoded JSON
     attempt: int
     max_attempts: int
     lease_seconds: float
@@ -163,7 +164,15 @@ def claim_statement(*, worker_id, queues, limits, limit, token, async_commit=Fal
 
 
 def claimed_rows(rows):
-    return [ClaimedRow(*row) for row in rows]
+    """The claim's one value (a JSON array of one array per job, or NULL) as ClaimedRows."""
+    batch = rows[0][0] if rows else None
+    if batch is None:
+        return []
+    claimed = []
+    for item in json.loads(batch):
+        item[9] = datetime.datetime.fromisoformat(item[9])  # created_at
+        claimed.append(ClaimedRow(*item))
+    return claimed
 
 
 def complete(using, acks, *, async_commit=False, channel=None):
@@ -198,7 +207,8 @@ def complete_statement(acks, *, async_commit=False, channel=None):
 
 
 def completed_ids(rows):
-    return {row[0] for row in rows if row[0] is not None}
+    ids = rows[0][0] if rows else None
+    return set() if ids is None else set(json.loads(ids))
 
 
 def fail(using, *, job_id, token, error, delay, dead=False):

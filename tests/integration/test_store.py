@@ -49,7 +49,7 @@ def expire(job_id):
 def test_claim_sets_running_lease_attempt_and_worker():
     job = enqueue("record", {"a": 1})
     (row,) = claim(worker="host:1:abc")
-    assert (row.id, row.attempt, json.loads(row.payload_json)) == (job.id, 1, {"a": 1})
+    assert (row.id, row.attempt, row.payload) == (job.id, 1, {"a": 1})
     stored = job_row(job.id)
     assert stored["state"] == "running" and stored["worker_id"] == "host:1:abc"
     lease = (stored["leased_until"] - stored["started_at"]).total_seconds()
