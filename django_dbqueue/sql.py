@@ -90,6 +90,11 @@ SELECT pg_notify(%(channel)s, payload), set_config('synchronous_commit', 'off', 
 FROM unnest(%(payloads)s::text[]) AS payload
 """
 
+# One notification, for the pipeline that sends it right behind the caller's COMMIT
+# (store.commit_and_notify): the same asynchronous commit of its own, one payload per statement
+# (the pipeline binds plain text parameters, $1 and $2, rather than an array).
+NOTIFY_ONE = b"SELECT pg_notify($1, $2), set_config('synchronous_commit', 'off', true)"
+
 # The same inside a transaction that the caller commits by hand (Django's manual transaction
 # management, where there is no on_commit): delivered at their commit, their durability untouched.
 NOTIFY_WORKERS_AT_COMMIT = """

@@ -81,6 +81,94 @@ def notify_workers(using, *, channel, payloads):
     _execute(using, sql.NOTIFY_WORKERS, {"channel": channel, "payloads": list(payloads)})
 
 
+def commit_and_notify(connection, sends):
+    """Commit ``connection``'s open transaction (a psycopg connection, Django's underneath) and
+    send the wake-ups ``[(channel, payloads), ...]`` after it, in one round trip: the COMMIT and
+    one ``sql.NOTIFY_ONE`` per payload go out in one libpq pipeline. The COMMIT is the caller's
+    own (their synchronous_commit); the notifications run after it in an implicit transaction of
+    their own, which set_config turns asynchronous for itself alone. Nothing is prepared (a
+    transaction pooler may sit in between); values are bound parameters.
+
+    Returns None, or the exception of a wake-up that failed after the COMMIT succeeded (the
+    caller's data is committed: that must not be raised as a failed commit). An exception of the
+    COMMIT itself, or of a connection lost before its result came back, propagates; the
+    wake-ups after it did not run. Returns False, having done nothing, when the connection is
+    not in a plain open transaction (the caller then commits the usual way).
+
+    This drives libpq directly (psycopg.pq) rather than through psycopg's ``pipeline()``: with
+    psycopg's pure-Python build that costs a few ctypes calls instead of about as much CPU as
+    the COMMIT itself (measured in benchmarks/README.md).
+    """
+    from psycopg import errors, pq
+
+    pgconn = connection.pgconn
+    with connection.lock:
+        if (
+            pgconn.transaction_status != pq.TransactionStatus.INTRANS
+            or pgconn.pipeline_status != pq.PipelineStatus.OFF
+        ):
+            return False
+        encoding = pgconn._encoding
+        pgconn.enter_pipeline_mode()
+        try:
+            pgconn.send_query_params(b"COMMIT", None)
+            for channel, payloads in sends:
+                for item in payloads:
+                    pgconn.send_query_params(
+                        sql.NOTIFY_ONE, [channel.encode(encoding), item.encode(encoding)]
+                    )
+            pgconn.pipeline_sync()
+            results = _pipeline_results(pgconn)
+        finally:
+            if pgconn.pipeline_status != pq.PipelineStatus.OFF:
+                try:
+                    pgconn.exit_pipeline_mode()
+                except Exception:
+                    # Interrupted with results still in flight, or broken: never hand such a
+                    # connection back to Django half-way through a pipeline. Closed, it is
+                    # replaced at its next use, as after any lost connection.
+                    connection.close()
+    commit = results[0] if results else None
+    if commit is None or commit.status != pq.ExecStatus.COMMAND_OK:
+        if commit is not None and commit.status == pq.ExecStatus.FATAL_ERROR:
+            raise errors.error_from_result(commit, encoding=encoding)
+        raise errors.OperationalError("the COMMIT's result did not come back")
+    for result in results[1:]:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            return errors.error_from_result(result, encoding=encoding)
+    return None
+
+
+def _pipeline_results(pgconn):
+    """Send what is queued and read every result up to the pipeline's sync."""
+    import select as select_module
+
+    from psycopg import errors, pq
+
+    poller = select_module.poll()
+    fileno = pgconn.socket
+    while pgconn.flush():
+        poller.register(fileno, select_module.POLLOUT)
+        poller.poll()
+        poller.unregister(fileno)
+    poller.register(fileno, select_module.POLLIN)
+    results = []
+    while True:
+        while pgconn.is_busy():
+            poller.poll()
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:  # the end of one statement's results
+            continue
+        if result.status == pq.ExecStatus.PIPELINE_SYNC:
+            return results
+        if result.status == pq.ExecStatus.PIPELINE_ABORTED:
+            continue  # skipped after an earlier error: nothing ran
+        results.append(result)
+        if pgconn.status == pq.ConnStatus.BAD:
+            raise errors.OperationalError("the connection was lost during the COMMIT")
+
+
 def notify_workers_at_commit(using, *, channel, payloads):
     """The same, inside the caller's open transaction: delivered when they commit it."""
     _execute(using, sql.NOTIFY_WORKERS_AT_COMMIT, {"channel": channel, "payloads": list(payloads)})

@@ -6,15 +6,19 @@ commit and hold it through the WAL flush, so concurrent enqueuing commits would 
 another. Instead the jobs' writers (``enqueue``, ``enqueue_many``, requeue, run now) call
 :func:`jobs_ready`, and the notification is sent once their transaction has committed:
 
-- inside ``transaction.atomic()``: from one ``on_commit`` hook per transaction, which runs after
-  the outermost block committed, on the same connection, now back in autocommit;
+- inside ``transaction.atomic()``: with the commit itself. The transaction's COMMIT and the
+  notification go to the server in one pipeline (one round trip): the COMMIT first, with the
+  caller's durability, then the notification in an implicit transaction of its own
+  (:class:`_CommitWithWakeup`). Where the driver cannot pipeline, or the window below says
+  "not now", one ``on_commit`` hook per transaction does it after the outermost block
+  committed, on the same connection, now back in autocommit;
 - in autocommit: right after the statement (it has committed);
 - under manual transaction management (``set_autocommit(False)``, no ``on_commit`` there): inside
   the caller's transaction, delivered at their commit, as before.
 
 The notification is a statement of its own, a transaction that does not wait for the WAL flush
 (``sql.NOTIFY_WORKERS``), with the payload ``"<count>:<queue>"``. Per process, per database and
-queue, at most one is sent per :data:`WINDOW`, on the committing thread's connection: the first
+queue, at most one is sent per :data:`WINDOW`, with the committing thread's commit: the first
 commit after a window has passed sends it, carrying the count of every job committed since the
 previous one. So that the last jobs of a burst are never left to the poll, a sender thread sends
 what is still pending half a window after the window ended, when no commit came to carry it. That
@@ -36,6 +40,7 @@ import time
 from collections import Counter
 
 from django.db import connections, transaction
+from django.db.backends.utils import debug_transaction
 
 from . import store
 from .conf import get_settings
@@ -90,15 +95,128 @@ class _AfterCommit:
             _COALESCER.committed(self.using, channel, counts)
 
 
+def _registered(connection, hook):
+    return any(entry[1] is hook for entry in connection.run_on_commit)
+
+
 def _after_commit(connection, using):
     """This transaction's hook, registered on its first call. A hook that Django dropped (its
-    savepoint or transaction rolled back) is no longer in ``run_on_commit``: start a new one."""
+    savepoint or transaction rolled back) is no longer in ``run_on_commit``: start a new one.
+    Where the driver can, the commit itself is made to carry the wake-up (_CommitWithWakeup);
+    the hook then finds nothing left to send."""
     hook = getattr(connection, "_dbqueue_after_commit", None)
-    if hook is None or not any(entry[1] is hook for entry in connection.run_on_commit):
+    if hook is None or not _registered(connection, hook):
         hook = _AfterCommit(using)
         connection._dbqueue_after_commit = hook
         transaction.on_commit(hook, using=using)
+    if "_commit" not in connection.__dict__ and _can_pipeline(connection):
+        connection._commit = _CommitWithWakeup(connection)
     return hook
+
+
+def _can_pipeline(connection):
+    global _PIPELINE
+    if _PIPELINE is None:
+        try:
+            import psycopg
+
+            _PIPELINE = psycopg.Pipeline.is_supported()
+        except Exception:  # no psycopg 3 (or no libpq pipeline support): the hook sends
+            _PIPELINE = False
+    return (
+        _PIPELINE
+        and connection.vendor == "postgresql"
+        and hasattr(connection.connection, "pipeline")
+    )
+
+
+_PIPELINE = None  # whether psycopg and its libpq support pipeline mode (looked up once)
+
+
+def _earlier(sends, own):
+    """What ``sends`` carried for earlier commits: the payloads less this transaction's jobs."""
+    return [
+        (channel, [p for p in (_minus(p, own[channel]) for p in payloads) if p])
+        for channel, payloads in sends
+    ]
+
+
+def _minus(item, counts):
+    """Payload ``item`` less the jobs of ``counts`` (queue -> jobs) on its queue, or None."""
+    count, queue = item.split(":", 1)
+    left = int(count) - counts.get(queue, 0)
+    return payload(left, queue) if left > 0 else None
+
+
+class _CommitWithWakeup:
+    """The connection's ``_commit`` for one transaction that enqueued: the COMMIT and the
+    wake-up in one round trip (``store.commit_and_notify``), instead of the COMMIT's round trip
+    and then the ``on_commit`` hook's own.
+
+    Installed as an attribute of the connection object, in front of the backend's method, and
+    removed again by the first commit that calls it; a transaction that rolls back leaves it in
+    place for the next commit, which finds no hook of its own and commits plainly. It takes the
+    same decisions as the hook (the coalescing window, the trailing notification) at the moment
+    of the commit. Django's commit bookkeeping is untouched: the same ``debug_transaction`` and
+    error wrapping as the backend's own ``_commit``; a failed COMMIT raises as it would have,
+    with no wake-up sent (and the coalesced counts of earlier commits that would have ridden on
+    it handed to the sender thread); a wake-up that fails after a successful COMMIT is logged,
+    never raised.
+    """
+
+    __slots__ = ("connection",)
+
+    def __init__(self, connection):
+        self.connection = connection
+
+    def __call__(self):
+        connection = self.connection
+        connection.__dict__.pop("_commit", None)
+        hook = getattr(connection, "_dbqueue_after_commit", None)
+        plain = type(connection)._commit
+        if connection.connection is None or hook is None or not hook.counts:
+            return plain(connection)
+        if not _registered(connection, hook):  # its transaction rolled back: not this one's
+            return plain(connection)
+        now = time.monotonic()
+        own = hook.counts
+        sends = []
+        for channel, counts in own.items():
+            payloads = _COALESCER.take(hook.using, channel, counts, now)
+            if payloads:
+                sends.append((channel, payloads))
+        hook.counts = {}  # the coalescer has them now: the on_commit hook sends nothing
+        if not sends:  # all within their window: the trailing notification has them
+            try:
+                return plain(connection)
+            except BaseException:
+                _COALESCER.withdraw(hook.using, own, sends)  # rolled back: nothing to wake
+                raise
+        try:
+            with debug_transaction(connection, "COMMIT"), connection.wrap_database_errors:
+                failed = store.commit_and_notify(connection.connection, sends)
+            if failed is False:  # not a plain open transaction: the backend's own commit
+                hook.counts = own
+                _COALESCER.withdraw(hook.using, own, [])
+                _COALESCER.give_back(hook.using, _earlier(sends, own))
+                return plain(connection)
+        except BaseException:
+            # No wake-up went out. This transaction's own jobs are gone with it; the counts of
+            # earlier commits that were to ride on this one are handed to the sender thread.
+            _COALESCER.give_back(hook.using, _earlier(sends, own))
+            _COALESCER.withdraw(hook.using, own, sends)
+            raise
+        if failed is not None:
+            connection.errors_occurred = True  # let Django check the connection before reuse
+            _COALESCER.give_back(hook.using, sends)
+            logger.warning(
+                "dbqueue could not wake the workers (%s) after a commit on %r: %s; the sender "
+                "thread tries again, and their poll will find the jobs",
+                ", ".join(p for _, payloads in sends for p in payloads),
+                hook.using,
+                failed,
+            )
+        return None
 
 
 class _Coalescer:
@@ -116,6 +234,13 @@ class _Coalescer:
         """Jobs committed on ``using``: notify now on this thread's connection, or add them to
         the trailing notification when their queue was notified less than WINDOW ago."""
         now = time.monotonic()
+        send = self.take(using, channel, counts, now)
+        if send:
+            self._send_here(using, channel, send, now)
+
+    def take(self, using, channel, counts, now):
+        """The payloads to send now for ``counts`` (queue -> jobs) committed at ``now``; the rest
+        wait for the trailing notification (the sender thread is told)."""
         send = []
         with self._cond:
             for queue, count in counts.items():
@@ -129,22 +254,41 @@ class _Coalescer:
                     self._pending[key] = count
                     self._start_sender()
                     self._cond.notify_all()
-        if send:
-            self._send_here(using, channel, send, now)
+        return send
+
+    def withdraw(self, using, own, sends):
+        """A commit failed after take(): remove its own jobs (``own``: channel -> queue -> jobs)
+        from the trailing counts of the queues that were not sent now."""
+        sent = {(channel, p.split(":", 1)[1]) for channel, payloads in sends for p in payloads}
+        with self._cond:
+            for channel, counts in own.items():
+                for queue, count in counts.items():
+                    key = (using, channel, queue)
+                    if (channel, queue) in sent or key not in self._pending:
+                        continue
+                    self._pending[key] -= count
+                    if self._pending[key] <= 0:
+                        del self._pending[key]
+
+    def give_back(self, using, sends):
+        """Payloads that were taken but not sent: the sender thread sends them at once."""
+        with self._cond:
+            now = time.monotonic()
+            for channel, payloads in sends:
+                for item in payloads:
+                    count, queue = item.split(":", 1)
+                    key = (using, channel, queue)
+                    self._pending[key] = self._pending.get(key, 0) + int(count)
+                    self._last[key] = now - 2 * WINDOW  # due at once
+            self._start_sender()
+            self._cond.notify_all()
 
     def _send_here(self, using, channel, payloads, now):
         connection = connections[using]
         if connection.in_atomic_block or not connection.get_autocommit():
             # A transaction is open again (an earlier on_commit hook opened one): sending here
             # would turn off synchronous commit for it. The sender thread sends instead.
-            with self._cond:
-                for item in payloads:
-                    count, queue = item.split(":", 1)
-                    key = (using, channel, queue)
-                    self._pending[key] = self._pending.get(key, 0) + int(count)
-                    self._last[key] = now - 2 * WINDOW  # due at once
-                self._start_sender()
-                self._cond.notify_all()
+            self.give_back(using, [(channel, payloads)])
             return
         try:
             store.notify_workers(using, channel=channel, payloads=payloads)

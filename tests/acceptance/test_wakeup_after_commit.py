@@ -1,10 +1,15 @@
 """A producer that dies between its commit and its wake-up loses latency, never the job.
 
-The producer is a real process: it commits an enqueue inside ``transaction.atomic()`` with an
-``on_commit`` hook of its own registered first, which reports the commit and then blocks, so the
-process is stopped exactly after the commit and before the wake-up's hook. It is killed there
-with SIGKILL. A real ``run_jobqueue`` worker, listening, with a 3-second poll, still runs the job,
-and no notification for it was ever sent.
+A commit inside ``transaction.atomic()`` carries its wake-up in the same round trip (the COMMIT
+and the notification in one pipeline), so the server runs both or neither, whatever happens to
+the producer after sending them. What a producer can still die with is a wake-up it holds back:
+an enqueue in autocommit (or where the driver cannot pipeline) that comes less than the
+coalescing window after the previous notification of its queue leaves its count for the trailing
+notification, which the process sends a little later. The producer here is a real process in
+exactly that state: its queue "was just notified" (with a window of a minute, so the trailing
+notification cannot fall due during the test), it enqueues in autocommit, reports the commit and
+is killed with SIGKILL. A real ``run_jobqueue`` worker, listening, with a 3-second poll, still
+runs the job, and no notification for it was ever sent.
 """
 
 import os
@@ -28,21 +33,18 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 POLL = 3.0
 
 PRODUCER = """
-import sys, threading
+import threading, time
 import django
 django.setup()
-from django.db import transaction
-from django_dbqueue import enqueue
+from django_dbqueue import enqueue, wakeup
 
-job = {}
+wakeup.WINDOW = 60.0  # the trailing notification falls due long after the kill
+wakeup._COALESCER._last[("default", "dbqueue", "default")] = time.monotonic()  # just notified
 
-def stop_between_commit_and_wake_up():  # on_commit hooks run in order: this one first
-    print(f"committed {job['id']}", flush=True)
-    threading.Event().wait()  # killed here
-
-with transaction.atomic():
-    transaction.on_commit(stop_between_commit_and_wake_up)
-    job["id"] = enqueue("record", {}).id
+job = enqueue("record", {})  # autocommit: committed by the INSERT itself
+assert wakeup._COALESCER._pending == {("default", "dbqueue", "default"): 1}
+print(f"committed {job.id}", flush=True)
+threading.Event().wait()  # killed here, holding the wake-up
 """
 
 

@@ -4,11 +4,12 @@ import datetime
 import json
 import select
 import threading
+import time
 
 import hypothesis
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from django_dbqueue import (
     enqueue,
     enqueue_many,
     payloads,
+    wakeup,
 )
 from django_dbqueue.connections import connection_params
 from tests.testapp.models import Invoice
@@ -83,7 +85,7 @@ def test_autocommit_enqueue_commits_at_once(listener):
     assert job_row(job.id)["state"] == "pending"
 
 
-def test_enqueue_is_one_round_trip_and_the_wake_up_one_more_after_the_commit():
+def test_enqueue_is_one_round_trip_and_the_wake_up_rides_with_the_commit(listener):
     from django.test.utils import CaptureQueriesContext
 
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
@@ -91,8 +93,55 @@ def test_enqueue_is_one_round_trip_and_the_wake_up_one_more_after_the_commit():
         enqueue("noop", {"x": 2})
         in_transaction = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
         assert len(in_transaction) == 2  # one INSERT each, no notification among them
-    after = [q["sql"] for q in queries][len(in_transaction) :]
-    assert [sql for sql in after if "pg_notify" in sql] == [after[-1]]  # one, after COMMIT
+        assert connections["default"].__dict__.get("_commit") is not None  # commit carries it
+    # Nothing after the COMMIT on Django's cursor: the wake-up went in the COMMIT's pipeline.
+    assert [q["sql"] for q in queries][-1] == "COMMIT"
+    assert not any("pg_notify" in q["sql"] for q in queries)
+    assert "_commit" not in connections["default"].__dict__  # the backend's own commit again
+    assert listener.drain(1.0) == ["2:default"]
+
+
+def test_a_failed_commit_sends_no_wake_up_and_raises_as_before(listener):
+    from django.db import IntegrityError
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE TEMP TABLE deferred_check (x int UNIQUE DEFERRABLE INITIALLY DEFERRED)"
+        )
+    with pytest.raises(IntegrityError), transaction.atomic():
+        job = enqueue("noop")
+        with connection.cursor() as cursor:  # violates only at COMMIT
+            cursor.execute("INSERT INTO deferred_check VALUES (1), (1)")
+    assert job_row(job.id) is None
+    # Within the window (its count would wait for the trailing notification): withdrawn too.
+    wakeup._COALESCER._last[("default", "dbqueue", "default")] = time.monotonic()
+    with pytest.raises(IntegrityError), transaction.atomic():
+        enqueue("noop")
+        with connection.cursor() as cursor:
+            cursor.execute("INSERT INTO deferred_check VALUES (2), (2)")
+    assert wakeup._COALESCER._pending == {}
+    assert listener.drain(0.3) == []
+    wakeup._COALESCER._last.clear()
+    with transaction.atomic():  # the connection is fine, and the next commit notifies
+        enqueue("noop")
+    assert listener.drain(1.0) == ["1:default"]
+
+
+def test_a_wake_up_failing_after_the_commit_is_logged_not_raised(listener, monkeypatch, caplog):
+    monkeypatch.setattr("django_dbqueue.sql.NOTIFY_ONE", b"SELECT pg_notify($1, $2 || 1 / 0)")
+    monkeypatch.setattr(
+        "django_dbqueue.sql.NOTIFY_WORKERS", "SELECT pg_notify(%(channel)s, 1 / 0 || '')"
+    )
+    with caplog.at_level("WARNING", logger="django_dbqueue.wakeup"), transaction.atomic():
+        job = enqueue("noop")
+    assert job_row(job.id)["state"] == "pending"  # committed, and enqueue() did not raise
+    assert "could not wake the workers (1:default) after a commit" in caplog.text
+    wakeup.flush()  # the sender thread's retry (which fails the same way here)
+    monkeypatch.undo()
+    listener.drain(0.2)
+    with transaction.atomic():  # the connection is fine: the next commit notifies
+        enqueue("noop")
+    assert listener.drain(1.0) == ["1:default"]
 
 
 def test_enqueue_many_one_statement_in_order_and_one_notification(listener):
@@ -101,8 +150,8 @@ def test_enqueue_many_one_statement_in_order_and_one_notification(listener):
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
         jobs = enqueue_many([("record", {"i": i}) for i in range(50)] + [("email", {})])
     statements = [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 2, statements  # the INSERT, then one wake-up after the commit
-    assert "pg_notify" not in statements[0] and "pg_notify" in statements[1]
+    assert len(statements) == 1, statements  # the INSERT; the wake-up rode with the COMMIT
+    assert "pg_notify" not in statements[0]
     assert [job_row(j.id)["payload"] for j in jobs[:50]] == [{"i": i} for i in range(50)]
     assert sorted(listener.drain(1.0)) == ["1:emails", "50:default"]
 
