@@ -269,12 +269,12 @@ claimed AS (
     WHERE j.id = candidates.id
     RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
               j.idempotency_key, j.priority, j.created_at,
-              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent
+              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after
 )
 SELECT json_agg(json_build_array(id, type, queue, payload, attempts, max_attempts,
                                  lease_seconds, idempotency_key, priority, created_at, wait,
                                  traceparent)
-                ORDER BY priority DESC, id)::text
+                ORDER BY priority DESC, run_after, id)::text
 FROM claimed
 """
 

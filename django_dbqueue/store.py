@@ -108,7 +108,7 @@ def commit_and_notify(connection, sends):
             or pgconn.pipeline_status != pq.PipelineStatus.OFF
         ):
             return False
-        encoding = pgconn._encoding
+        encoding = connection.info.encoding
         pgconn.enter_pipeline_mode()
         try:
             pgconn.send_query_params(b"COMMIT", None)
@@ -125,8 +125,8 @@ def commit_and_notify(connection, sends):
                     pgconn.exit_pipeline_mode()
                 except Exception:
                     # Interrupted with results still in flight, or broken: never hand such a
-                    # connection back to Django half-way through a pipeline. Closed, it is
-                    # replaced at its next use, as after any lost connection.
+                    # connection back to Django half-way through a pipeline: closed (the caller
+                    # closes Django's wrapper too, which reconnects at its next use).
                     connection.close()
     commit = results[0] if results else None
     if commit is None or commit.status != pq.ExecStatus.COMMAND_OK:
@@ -147,11 +147,11 @@ def _pipeline_results(pgconn):
 
     poller = select_module.poll()
     fileno = pgconn.socket
-    while pgconn.flush():
-        poller.register(fileno, select_module.POLLOUT)
-        poller.poll()
-        poller.unregister(fileno)
-    poller.register(fileno, select_module.POLLIN)
+    poller.register(fileno, select_module.POLLIN | select_module.POLLOUT)
+    while pgconn.flush():  # a full send buffer: read what the server sends meanwhile (libpq)
+        if any(events & select_module.POLLIN for _, events in poller.poll()):
+            pgconn.consume_input()
+    poller.modify(fileno, select_module.POLLIN)
     results = []
     while True:
         while pgconn.is_busy():
@@ -258,7 +258,8 @@ def claimed_rows(rows):
         return []
     claimed = []
     for item in json.loads(batch):
-        item[9] = datetime.datetime.fromisoformat(item[9])  # created_at
+        item[6] = float(item[6])  # lease_seconds: JSON writes 60.0 as 60
+        item[9] = datetime.datetime.fromisoformat(item[9]).astimezone(datetime.UTC)  # created_at
         claimed.append(ClaimedRow(*item))
     return claimed
 

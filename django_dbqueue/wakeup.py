@@ -32,6 +32,7 @@ has committed. A crash between the commit and the notification costs latency, no
 workers' poll finds it.
 """
 
+import contextlib
 import logging
 import math
 import os
@@ -180,34 +181,36 @@ class _CommitWithWakeup:
             return plain(connection)
         now = time.monotonic()
         own = hook.counts
-        sends = []
+        sends, later = [], {}
         for channel, counts in own.items():
-            payloads = _COALESCER.take(hook.using, channel, counts, now)
+            payloads, rest = _COALESCER.take_due(hook.using, channel, counts, now)
             if payloads:
                 sends.append((channel, payloads))
-        hook.counts = {}  # the coalescer has them now: the on_commit hook sends nothing
-        if not sends:  # all within their window: the trailing notification has them
-            try:
-                return plain(connection)
-            except BaseException:
-                _COALESCER.withdraw(hook.using, own, sends)  # rolled back: nothing to wake
-                raise
+            if rest:
+                later[channel] = rest
+        # Queues still inside their window stay with the on_commit hook, which hands them to
+        # the trailing notification after the commit (never before it: a wake-up must not
+        # arrive before the jobs it announces are visible).
+        hook.counts = later
+        if not sends:
+            return plain(connection)
         try:
             with debug_transaction(connection, "COMMIT"), connection.wrap_database_errors:
                 failed = store.commit_and_notify(connection.connection, sends)
-            if failed is False:  # not a plain open transaction: the backend's own commit
-                hook.counts = own
-                _COALESCER.withdraw(hook.using, own, [])
-                _COALESCER.give_back(hook.using, _earlier(sends, own))
-                return plain(connection)
         except BaseException:
             # No wake-up went out. This transaction's own jobs are gone with it; the counts of
             # earlier commits that were to ride on this one are handed to the sender thread.
             _COALESCER.give_back(hook.using, _earlier(sends, own))
-            _COALESCER.withdraw(hook.using, own, sends)
+            pg = connection.connection
+            if pg is not None and pg.closed:  # interrupted mid-pipeline (store closed it)
+                with contextlib.suppress(Exception):
+                    connection.close()  # Django reconnects at the next use
             raise
+        if failed is False:  # not a plain open transaction: the backend's own commit, the hook
+            _COALESCER.give_back(hook.using, _earlier(sends, own))
+            hook.counts = own
+            return plain(connection)
         if failed is not None:
-            connection.errors_occurred = True  # let Django check the connection before reuse
             _COALESCER.give_back(hook.using, sends)
             logger.warning(
                 "dbqueue could not wake the workers (%s) after a commit on %r: %s; the sender "
@@ -256,19 +259,20 @@ class _Coalescer:
                     self._cond.notify_all()
         return send
 
-    def withdraw(self, using, own, sends):
-        """A commit failed after take(): remove its own jobs (``own``: channel -> queue -> jobs)
-        from the trailing counts of the queues that were not sent now."""
-        sent = {(channel, p.split(":", 1)[1]) for channel, payloads in sends for p in payloads}
+    def take_due(self, using, channel, counts, now):
+        """Before a commit: the payloads of the queues whose window has passed (each with the
+        count of earlier commits waiting for the trailing notification), and the counts of
+        the others, left untouched (they go to take() after the commit)."""
+        send, rest = [], {}
         with self._cond:
-            for channel, counts in own.items():
-                for queue, count in counts.items():
-                    key = (using, channel, queue)
-                    if (channel, queue) in sent or key not in self._pending:
-                        continue
-                    self._pending[key] -= count
-                    if self._pending[key] <= 0:
-                        del self._pending[key]
+            for queue, count in counts.items():
+                key = (using, channel, queue)
+                if now - self._last.get(key, -math.inf) >= WINDOW:
+                    self._last[key] = now
+                    send.append(payload(count + self._pending.pop(key, 0), queue))
+                else:
+                    rest[queue] = count
+        return send, rest
 
     def give_back(self, using, sends):
         """Payloads that were taken but not sent: the sender thread sends them at once."""
