@@ -97,6 +97,7 @@ def slow_record(ctx):
 
 
 from . import delivery_jobs  # noqa: E402, F401 - registers the delivery job types
+from . import cancel_jobs  # noqa: E402, F401 - registers the cancellation job types
 
 
 @job("hang", timeout=1.0, max_attempts=2)
