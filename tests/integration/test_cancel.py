@@ -234,11 +234,12 @@ def test_the_schema_refuses_a_mark_on_a_pending_job():
     from django.db import IntegrityError
 
     job = enqueue("noop")
-    with pytest.raises(IntegrityError, match="dbqueue_job_cancel_mark_running"):
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE dbqueue_job SET cancel_requested_at = now() WHERE id = %s", [job.id]
-            )
+    with (
+        pytest.raises(IntegrityError, match="dbqueue_job_cancel_mark_running"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute("UPDATE dbqueue_job SET cancel_requested_at = now() WHERE id = %s", [job.id])
 
 
 # --- workflows ----------------------------------------------------------------------------
