@@ -367,3 +367,27 @@ def test_cancel_and_job_cancelled_are_public():
 
     assert "cancel" in django_dbqueue.__all__ and "JobCancelled" in django_dbqueue.__all__
     assert issubclass(JobCancelled, Exception)
+
+
+def test_cancelled_jobs_are_counted_by_the_metrics(start_worker):
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from django_dbqueue import metrics
+
+    def cancelled_total():
+        text = generate_latest(metrics.exposition_registry()).decode()
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "dbqueue_jobs_cancelled_total"
+            and sample.labels.get("type") == "cancels-itself"
+        )
+
+    metrics.install()
+    before = cancelled_total()
+    start_worker()
+    job = enqueue("cancels-itself")
+    wait_state(job.id, "cancelled")
+    wait_until(lambda: cancelled_total() == before + 1, message="the cancelled counter")
