@@ -215,6 +215,19 @@ def test_a_marked_job_is_not_handed_back_by_a_release_but_cancelled():
     assert state(job.id) == "cancelled" and job_row(job.id)["finished_at"]
 
 
+def test_a_marked_job_of_an_unknown_type_or_unknown_to_its_worker_ends_cancelled():
+    deferred, unknown = enqueue("record"), enqueue("record")
+    token = claim_one(deferred.id)
+    cancel([deferred.id, unknown.id])
+    state_after = store.defer_unknown_type(
+        "default", job_id=deferred.id, token=token, error=ERROR, delay=60, grace=3600
+    )
+    assert state_after == "cancelled" and job_row(deferred.id)["finished_at"]
+    # After a lost connection the worker hands back what it held without knowing it.
+    assert store.release_unknown("default", worker="w1", known=[]) == {unknown.id}
+    assert state(unknown.id) == "cancelled"
+
+
 def test_requeue_clears_the_mark_and_keeps_who_cancelled_in_the_history():
     job = enqueue("record")
     token = claim_one(job.id)
@@ -384,3 +397,21 @@ def test_cancelled_jobs_are_counted_by_the_metrics(start_worker):
     job = enqueue("cancels-itself")
     wait_state(job.id, "cancelled")
     wait_until(lambda: cancelled_total() == before + 1, message="the cancelled counter")
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_an_atomic_handler_commits_or_rolls_back_and_ends_cancelled(
+    start_worker, tmp_path, cancelled_signals, stop
+):
+    start_worker()
+    started = tmp_path / "started"
+    job = enqueue("atomic-cancellable", {"started_file": str(started), "stop": stop})
+    wait_until(started.exists, message="the atomic handler to start")
+    cancel(job.id, by="me")
+    row = wait_state(job.id, "cancelled", timeout=5)
+    if stop:  # JobCancelled: its writes rolled back, nothing kept
+        assert (row["result"], runs_of(job.id)) == (None, 0)
+    else:  # it returned: its writes and its result committed with the cancelled end
+        assert (row["result"], runs_of(job.id)) == ({"kept": True}, 1)
+    wait_until(lambda: cancelled_signals, message="the job_cancelled signal")
+    assert cancelled_signals[0]["cancelled_by"] == "me"

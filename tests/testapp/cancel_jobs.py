@@ -67,3 +67,18 @@ def cancels_itself(ctx):
     from django_dbqueue import JobCancelled
 
     raise JobCancelled("nothing left to do")
+
+
+@job("atomic-cancellable", atomic=True, timeout=30, max_attempts=3)
+def atomic_cancellable(ctx):
+    """An atomic handler: writes an effect row (which commits only with its completion), says
+    it started through a file, then waits for the cancel. ``payload["stop"]`` makes it raise
+    JobCancelled (its writes roll back); otherwise it returns (its writes and result commit)."""
+    _started(ctx)
+    Path(ctx.payload["started_file"]).touch()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not ctx.cancelled:
+        time.sleep(0.01)
+    if ctx.payload.get("stop"):
+        ctx.raise_if_cancelled()
+    return {"kept": True}
