@@ -4,6 +4,7 @@ The public API is what ``__all__`` lists; everything else may change between rel
 """
 
 from .backoff import Backoff
+from .cancellation import cancel
 from .context import JobContext
 from .deliveries import Delivery, DeliveryFailed, begin_delivery, deliver, settle_delivery
 from .enqueue import EnqueuedJob, enqueue, enqueue_many
@@ -11,6 +12,7 @@ from .exceptions import (
     DBQueueError,
     DiscardJob,
     EnqueueError,
+    JobCancelled,
     JobRegistrationError,
     PayloadError,
     RetryJob,
@@ -30,6 +32,7 @@ __all__ = [
     "DiscardJob",
     "EnqueueError",
     "EnqueuedJob",
+    "JobCancelled",
     "JobContext",
     "JobRegistrationError",
     "PayloadError",
@@ -39,6 +42,7 @@ __all__ = [
     "Workflow",
     "WorkflowJob",
     "begin_delivery",
+    "cancel",
     "chain",
     "deliver",
     "enqueue",

@@ -29,6 +29,7 @@ class _Failure:
     dead: bool = False
     unknown_type: bool = False
     duration: float | None = None  # seconds the run took, for the outcome's signal
+    cancelled: bool = False  # the run stopped because it was cancelled (error is None)
     tries: int = 0  # writes refused for a reason other than the connection
 
 
@@ -51,6 +52,7 @@ class Acknowledger:
         self.fenced = 0
         self.dead = 0
         self.deferred = 0
+        self.cancelled = 0
 
     # -- called by handler threads -------------------------------------------------------------
     def succeed(self, entry, result_json=None, duration=None):
@@ -67,8 +69,19 @@ class Acknowledger:
             self._failed.append(_Failure(entry, error, delay, dead, unknown_type, duration))
         self.on_ready()
 
-    def committed(self, entry, duration=None):
-        """An atomic handler committed its own completion: count it and send the signal."""
+    def cancel(self, entry, duration=None):
+        """Buffer the end of a run stopped by its cancel (or of a job withdrawn before it
+        started): written as ``cancelled``, durably, like a failure."""
+        with self._lock:
+            self._failed.append(_Failure(entry, None, 0.0, cancelled=True, duration=duration))
+        self.on_ready()
+
+    def committed(self, entry, duration=None, cancelled_by=None):
+        """An atomic handler committed its own completion (``cancelled_by`` not None: it ended
+        the job cancelled): count it and send the signal."""
+        if cancelled_by is not None:
+            self._report_cancelled(entry.ctx, cancelled_by, None, duration)
+            return
         with self._lock:
             self.succeeded += 1
         self._signal(signals.job_succeeded, entry.ctx, duration=duration)
@@ -131,7 +144,7 @@ class Acknowledger:
 
     def _write_done(self, db, done):
         try:
-            matched = store.completed_ids(db.execute(*self.done_statement(done)))
+            matched = store.completed_endings(db.execute(*self.done_statement(done)))
         except DB_ERRORS:
             raise
         except Exception:
@@ -156,16 +169,22 @@ class Acknowledger:
         return self.report_done(db, done, matched)
 
     def report_done(self, db, done, matched):
-        """Count and signal the successes written; read back the ones the write did not match."""
+        """Count and signal the successes written; read back the ones the write did not match.
+
+        ``matched``: ``{id: None}`` per job written done, ``{id: who}`` per job that ended
+        cancelled (``store.completed_endings``)."""
         missing = [e for e, _, _ in done if e.ctx.id not in matched]
         if missing:
-            matched |= self._read_back(db, missing, "done")
+            for job_id, state in self._read_back(db, missing, "done", "cancelled").items():
+                matched[job_id] = None if state == "done" else ""
         for entry, _, duration in done:
-            if entry.ctx.id in matched:
+            if entry.ctx.id not in matched:
+                self._fenced(entry, "completion")
+            elif matched[entry.ctx.id] is not None:
+                self._report_cancelled(entry.ctx, matched[entry.ctx.id], None, duration)
+            else:
                 self.succeeded += 1
                 self._signal(signals.job_succeeded, entry.ctx, duration=duration)
-            else:
-                self._fenced(entry, "completion")
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug(
                     "dbqueue succeeded job=%s type=%s attempt=%s",
@@ -176,18 +195,23 @@ class Acknowledger:
         return len(matched)
 
     def _read_back(self, db, entries, *states):
-        """Ids among ``entries`` whose row shows this run's own write in one of ``states``."""
+        """``{id: state}`` of the ``entries`` whose row shows this run's own write in one of
+        ``states``."""
         rows = store.read_back(db, [e.ctx.id for e in entries])
         return {
-            e.ctx.id
+            e.ctx.id: rows[e.ctx.id][0]
             for e in entries
             if rows.get(e.ctx.id, (None, None))[1] == e.token and rows[e.ctx.id][0] in states
         }
 
     def _write_failure(self, db, failure):
         entry, ctx = failure.entry, failure.entry.ctx
+        cancelled_by = None
         try:
-            if failure.unknown_type:
+            if failure.cancelled:
+                cancelled_by = store.end_cancelled(db, job_id=ctx.id, token=entry.token)
+                state = None if cancelled_by is None else "cancelled"
+            elif failure.unknown_type:
                 state = store.defer_unknown_type(
                     db,
                     job_id=ctx.id,
@@ -197,14 +221,14 @@ class Acknowledger:
                     grace=self.unknown_type_grace,
                 )
             else:
-                state = store.fail(
+                state, cancelled_by = store.fail_job(
                     db,
                     job_id=ctx.id,
                     token=entry.token,
                     error=failure.error,
                     delay=failure.delay,
                     dead=failure.dead,
-                )
+                ) or (None, None)
         except DB_ERRORS:
             raise
         except Exception:
@@ -231,15 +255,35 @@ class Acknowledger:
         if state is None:
             rows = store.read_back(db, [ctx.id])
             state, token = rows.get(ctx.id, (None, None))
-            if token != entry.token or state not in ("pending", "dead"):
+            if token != entry.token or state not in ("pending", "dead", "cancelled"):
                 self._fenced(entry, "failure")
                 return False
-        self._report_failure(failure, state)
+        self._report_failure(failure, state, cancelled_by)
         return True
 
-    def _report_failure(self, failure, state):
+    def _report_cancelled(self, ctx, cancelled_by, error, duration):
+        self.cancelled += 1
+        logger.warning(
+            "dbqueue cancelled job=%s type=%s attempt=%s by %s%s",
+            ctx.id,
+            ctx.type,
+            ctx.attempt,
+            cancelled_by or "?",
+            f" (its run ended with {error['class']}: {error['message']})" if error else "",
+        )
+        self._signal(
+            signals.job_cancelled,
+            ctx,
+            cancelled_by=cancelled_by or None,
+            error=error,
+            duration=duration,
+        )
+
+    def _report_failure(self, failure, state, cancelled_by=None):
         ctx, error = failure.entry.ctx, failure.error
-        if state == "dead":
+        if state == "cancelled":
+            self._report_cancelled(ctx, cancelled_by, error, failure.duration)
+        elif state == "dead":
             self.dead += 1
             logger.error(
                 "dbqueue dead job=%s type=%s attempt=%s/%s: %s: %s",

@@ -21,7 +21,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from . import charts, dashboard, registry, store, wakeup
+from . import cancellation, charts, dashboard, registry, store, wakeup
 from .conf import get_settings
 from .models import BackgroundJob, DeadLetter, JobDelivery
 from .states import FINISHED_STATES, DeliveryState, JobState
@@ -128,6 +128,8 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "created_at",
         "started_at",
         "finished_at",
+        "cancel_requested_at",
+        "cancelled_by",
         "payload_pretty",
         "result_pretty",
         "errors_pretty",
@@ -136,6 +138,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["id", "type", "queue", "state", "priority", "idempotency_key"]}),
         ("Timing", {"fields": ["created_at", "run_after", "started_at", "finished_at"]}),
+        ("Cancellation", {"fields": ["cancel_requested_at", "cancelled_by"]}),
         (
             "Attempts",
             {"fields": ["attempts", "max_attempts", "worker_id", "lease_seconds", "leased_until"]},
@@ -370,13 +373,37 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             "only pending jobs scheduled for later can be run now",
         )
 
-    @admin.action(description="Cancel (pending or waiting → cancelled)", permissions=["cancel"])
+    @admin.action(
+        description="Cancel (pending or waiting → cancelled; running → cancelled when its "
+        "handler stops)",
+        permissions=["cancel"],
+    )
     def cancel(self, request, queryset):
+        """The public ``cancel()``, in the name of the user (``cancelled_by`` =
+        ``admin:<username>``)."""
         ids = list(queryset.values_list("id", flat=True))
-        moved = store.cancel(get_settings().DATABASE, ids)
-        self._report(
-            request, "Cancelled", moved, ids, "only pending or waiting jobs can be cancelled"
+        outcomes = cancellation.cancel(
+            ids, by=f"admin:{request.user.get_username()}"[:200], using=get_settings().DATABASE
         )
+        now = [i for i, o in outcomes.items() if o == cancellation.CANCELLED]
+        marked = [i for i, o in outcomes.items() if o == cancellation.CANCELLING]
+        if now:
+            self.message_user(request, f"Cancelled {len(now)} job(s).", messages.SUCCESS)
+        if marked:
+            self.message_user(
+                request,
+                f"Cancelling {len(marked)} running job(s): each ends cancelled when its handler "
+                "stops (at once for a handler that checks ctx.cancelled).",
+                messages.SUCCESS,
+            )
+        refused = len(ids) - len(now) - len(marked)
+        if refused:
+            self.message_user(
+                request,
+                f"{refused} selected job(s) were left alone: they had finished already (done, "
+                "dead or cancelled).",
+                messages.WARNING,
+            )
 
 
 class DeadLetterAdmin(BackgroundJobAdmin):

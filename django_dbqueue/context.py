@@ -1,6 +1,9 @@
 """``JobContext``: what a handler receives. A light object built from the claimed row."""
 
+import contextlib
 import json
+
+from .exceptions import JobCancelled
 
 
 class JobContext:
@@ -11,9 +14,15 @@ class JobContext:
     ``worker_id``, ``using`` (the database alias of the queue), ``wait`` (seconds from the moment
     the job came due to its claim) and ``traceparent`` (the enqueuer's W3C trace context, or
     ``None``).
+
+    ``cancelled`` turns true once the worker learns that the job's cancel was asked for
+    (``django_dbqueue.cancel()`` or the admin); ``raise_if_cancelled()`` raises
+    ``JobCancelled`` then, which ends the job ``cancelled`` (docs/concepts.md, "Cancelling").
     """
 
     __slots__ = (
+        "_cancelled",
+        "_on_cancel",
         "attempt",
         "enqueued_at",
         "id",
@@ -45,6 +54,32 @@ class JobContext:
         self.traceparent = row.traceparent
         self.worker_id = worker_id
         self.using = using
+        # A plain flag rather than a threading.Event: it is set once, by one thread (the worker's
+        # listener or claim loop), and read by the handler's; a bool attribute is read and
+        # written atomically in CPython, and costs the claim nothing per job (an Event would be
+        # a Condition and a lock per claimed job, for the few jobs ever cancelled).
+        self._cancelled = False
+        self._on_cancel = None  # set while an async handler runs: cancels its task
+
+    @property
+    def cancelled(self):
+        """True once the worker learned that this job's cancel was asked for. Cheap: check it
+        in a loop."""
+        return self._cancelled
+
+    def raise_if_cancelled(self):
+        """Raise ``JobCancelled`` if the job's cancel was asked for; the job then ends
+        ``cancelled`` (not failed, not retried). Call it between steps of a long run."""
+        if self._cancelled:
+            raise JobCancelled(f"job #{self.id} was cancelled while it ran")
+
+    def _cancel(self):
+        """The worker learned of the cancel (any thread): raise the flag, cancel an async run."""
+        self._cancelled = True
+        on_cancel = self._on_cancel
+        if on_cancel is not None:
+            with contextlib.suppress(RuntimeError):  # its event loop already closed
+                on_cancel()
 
     def dependency_results(self):
         """``{dependency id: result}`` of the jobs this one waited on (docs/workflows.md): each

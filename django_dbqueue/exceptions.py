@@ -49,6 +49,20 @@ class RetryJob(Exception):
         super().__init__(reason or f"retry requested in {self.delay:g}s")
 
 
+class JobCancelled(Exception):
+    """Raised by ``ctx.raise_if_cancelled()`` once the job's cancel was asked for; a handler may
+    raise it itself too. The run ends the job ``cancelled``: not a failure, never retried.
+
+    A handler that catches it and carries on runs to its end, and the job still ends
+    ``cancelled`` (with its result kept). Raised of a handler's own accord, with no cancel
+    asked for, it cancels the job in the handler's name (``cancelled_by`` = ``"handler"``).
+    """
+
+    def __init__(self, reason=""):
+        self.reason = reason
+        super().__init__(reason or "the job was cancelled")
+
+
 class DiscardJob(Exception):
     """Raise from a handler to send the job to the dead letters at once, with no further retry."""
 

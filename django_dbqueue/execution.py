@@ -28,7 +28,7 @@ from django.db import DatabaseError, connections, transaction
 
 from . import registry, store, tracing
 from .connections import close_side_connections, discard_connection
-from .exceptions import DiscardJob, RetryJob
+from .exceptions import DiscardJob, JobCancelled, RetryJob
 from .outcomes import ResultError, clamp_delay, encode_result, error_record
 
 logger = logging.getLogger("django_dbqueue")
@@ -38,13 +38,18 @@ logger = logging.getLogger("django_dbqueue")
 class Outcome:
     """What one run came to. ``kind``: success, committed (an atomic run wrote its own
     completion), fenced (an atomic run lost its lease and rolled back), retry, dead, unknown
-    (no handler for the type on this worker), or crashed (a child process died under it)."""
+    (no handler for the type on this worker), crashed (a child process died under it), or
+    cancelled (the run stopped because the job was cancelled: ``JobCancelled``, or an async
+    handler's task cancelled)."""
 
     kind: str
     result: str | None = None
     error: dict | None = None
     delay: float = 0.0
     duration: float | None = None  # seconds the run took, measured by the pool
+    # An atomic run's completion that ended the job cancelled (its cancel was asked for while
+    # it ran): who asked ('' when nobody is recorded); None when it ended done.
+    cancelled_by: str | None = None
 
 
 class _FencedOut(Exception):
@@ -73,12 +78,24 @@ def _call_handler(job_type, ctx, loop, timeout):
     coroutine = job_type.func(ctx)
     if timeout:
         coroutine = asyncio.wait_for(coroutine, timeout)
+    task = loop.create_task(coroutine)
+    # A cancel learned while it runs cancels the task from the thread that learned it (the
+    # listener or the claim loop); one learned before this line is seen by the test below.
+    ctx._on_cancel = lambda: loop.call_soon_threadsafe(task.cancel)
+    if ctx.cancelled:
+        task.cancel()
     try:
-        return loop.run_until_complete(coroutine)
+        return loop.run_until_complete(task)
     except TimeoutError:
         raise TimeoutError(
             f"job ran longer than its timeout of {timeout:g}s; the coroutine was cancelled"
         ) from None
+    except asyncio.CancelledError:
+        if ctx.cancelled:
+            raise JobCancelled(f"job #{ctx.id} was cancelled; its task was cancelled") from None
+        raise
+    finally:
+        ctx._on_cancel = None
 
 
 def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: False):
@@ -99,13 +116,21 @@ def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: Fals
         if job_type.atomic:
             with transaction.atomic(using=ctx.using):
                 result_json = encode_result(_call(job_type, ctx, loop, job_type.timeout))
-                if given_up() or not store.complete(ctx.using, [(ctx.id, token, result_json)]):
+                ended = (
+                    {}
+                    if given_up()
+                    else store.complete_ending(ctx.using, [(ctx.id, token, result_json)])
+                )
+                if ctx.id not in ended:
                     raise _FencedOut
-            return Outcome("committed")
+            return Outcome("committed", cancelled_by=ended[ctx.id])
         result = _call(job_type, ctx, loop, job_type.timeout)
         return Outcome("success", result=encode_result(result))
     except _FencedOut:
         return Outcome("fenced")
+    except JobCancelled:
+        # Not a failure: the job ends cancelled (an atomic run's writes rolled back above).
+        return Outcome("cancelled")
     except ResultError as exc:
         # Deterministic, and found after the handler's effects: running it again would repeat
         # them and fail the same way. Dead at once, with the reason.
@@ -224,6 +249,10 @@ class ThreadPool:
         )
         self._spawn()
 
+    def cancel(self, entry):
+        """``entry``'s cancel was asked for while it runs: tell its handler (any thread)."""
+        entry.ctx._cancel()
+
     def stop(self, timeout):
         for _ in self._threads:
             self._work.put(None)
@@ -245,7 +274,8 @@ class ThreadPool:
                 if entry is None:
                     return
                 if not worker.inflight.start(entry):
-                    worker.finished(entry)  # lost or handed back before it started
+                    # Lost, handed back, or cancelled before it started (the worker wrote that).
+                    worker.finished(entry)
                     continue
                 job_type = registry.get(entry.ctx.type)
                 if loop is None and job_type is not None and job_type.is_async:

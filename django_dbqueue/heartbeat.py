@@ -3,7 +3,8 @@
 ``beat_once()`` renews, in one fenced statement, the lease of every job the worker still holds
 (running, waiting for a thread, or finished with its outcome not yet written); a running job
 missing from the answer was taken back by the sweeper and is marked lost, so it is never started
-and its outcome is discarded. ``check_timeouts()`` gives up runs past their type's timeout:
+and its outcome is discarded. The same answer says which held jobs were marked for
+cancellation: the backstop for a cancel notification that did not arrive. ``check_timeouts()`` gives up runs past their type's timeout:
 the attempt is recorded as failed (and retried elsewhere), and the handler pool replaces the
 thread that is still stuck in it.
 """
@@ -32,6 +33,9 @@ class Heartbeat:
         kept = store.extend_leases(db, sorted(keys), async_commit=worker.async_commit)
         # Only a job still held *after* the statement was really lost: one that finished in the
         # meantime has its outcome in the acknowledgement buffer (renewed above) or written.
+        cancelling = [job_id for job_id, marked in kept.items() if marked]
+        if cancelling:
+            worker.cancel_requested(cancelling)  # those already told are skipped
         lost = worker.inflight.mark_lost([e for e in held if e.ctx.id not in kept])
         for entry in lost:
             self.lost += 1

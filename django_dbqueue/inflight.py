@@ -22,11 +22,12 @@ class Entry:
     timed_out: bool = False  # given up by the watchdog: its outcome is discarded
     lost: bool = False  # the lease went to someone else: never start it, discard its outcome
     released: bool = False  # handed back at shutdown
+    withdrawn: bool = False  # cancelled before it started: never start it; its end is written
 
     @property
     def given_up(self):
         """This worker no longer speaks for the job: nothing it does about it is written."""
-        return self.timed_out or self.lost or self.released
+        return self.timed_out or self.lost or self.released or self.withdrawn
 
     @property
     def key(self):
@@ -111,8 +112,26 @@ class Inflight:
                     expired.append(entry)
         return expired
 
+    def cancel(self, ids):
+        """The cancel of the jobs ``ids`` was asked for. Returns ``(running, withdrawn)``: the
+        started entries not told yet (their handlers are to be told), and the entries not
+        started, now withdrawn (never started; the caller writes their end)."""
+        ids = set(ids)
+        running, withdrawn = [], []
+        with self._lock:
+            for entry in self._entries.values():
+                if entry.ctx.id not in ids or entry.given_up:
+                    continue
+                if entry.started is None:
+                    entry.withdrawn = True
+                    withdrawn.append(entry)
+                elif not entry.ctx.cancelled:
+                    running.append(entry)
+        return running, withdrawn
+
     def start(self, entry):
-        """A handler takes ``entry``. Returns False when it must not run (lost or released)."""
+        """A handler takes ``entry``. Returns False when it must not run (lost, released or
+        withdrawn)."""
         with self._lock:
             if entry.given_up:
                 return False

@@ -79,6 +79,9 @@ class _WorkerMetrics:
         self.succeeded = c("dbqueue_jobs_succeeded", "Runs that succeeded.", LABELS)
         self.failed = c("dbqueue_jobs_failed", "Runs that failed and will be retried.", LABELS)
         self.dead = c("dbqueue_jobs_dead", "Jobs that went to the dead letters.", LABELS)
+        self.cancelled = c(
+            "dbqueue_jobs_cancelled", "Claimed jobs that ended cancelled (job_cancelled).", LABELS
+        )
         self.duration = h(
             "dbqueue_job_duration_seconds",
             "Seconds a handler ran, by outcome.",
@@ -111,6 +114,9 @@ class _WorkerMetrics:
     def on_dead(self, sender, *, job_type, queue, duration=None, **kwargs):
         self._outcome(self.dead, "dead", job_type, queue, duration)
 
+    def on_cancelled(self, sender, *, job_type, queue, duration=None, **kwargs):
+        self._outcome(self.cancelled, "cancelled", job_type, queue, duration)
+
 
 _lock = threading.Lock()
 _worker_metrics = None
@@ -133,6 +139,7 @@ def install():
                 (signals.job_succeeded, metrics.on_succeeded),
                 (signals.job_failed, metrics.on_failed),
                 (signals.job_dead, metrics.on_dead),
+                (signals.job_cancelled, metrics.on_cancelled),
             ):
                 signal.connect(receiver, weak=False, dispatch_uid=f"dbqueue-metrics-{signal!r}")
             _worker_metrics = metrics

@@ -73,6 +73,16 @@ class BackgroundJob(models.Model):
     # transaction that added a dependent (see sql.COMPLETE_JOBS).
     waiting_on = models.PositiveIntegerField(db_default=0, default=0, editable=False)
     dependents = IdArrayField(null=True, blank=True, editable=False)
+    # Cancelling (docs/concepts.md): when a cancel was asked for, and by whom ("admin:<user>",
+    # "api", cancel()'s ``by=``, or "handler" for a handler that cancelled its own job). A
+    # running job that carries the mark stays running until its handler ends; whatever the
+    # outcome then (success, failure, timeout, a swept lease, a shutdown), the write that ends
+    # the run ends the job cancelled: never retried, never dead. NULL on every other job, so
+    # the hot statements test one NULL per row and nothing more.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True, editable=False)
+    cancelled_by = models.CharField(  # noqa: DJ001
+        max_length=200, null=True, blank=True, editable=False
+    )
 
     class Meta:
         db_table = "dbqueue_job"
@@ -81,7 +91,7 @@ class BackgroundJob(models.Model):
         permissions = [
             ("requeue_backgroundjob", "Can requeue dead or cancelled jobs"),
             ("run_now_backgroundjob", "Can make a scheduled job due now"),
-            ("cancel_backgroundjob", "Can cancel pending jobs"),
+            ("cancel_backgroundjob", "Can cancel pending, waiting or running jobs"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -125,6 +135,15 @@ class BackgroundJob(models.Model):
                     | (~Q(state=JobState.WAITING) & Q(waiting_on=0))
                 ),
                 name="dbqueue_job_waiting_iff_counting",
+            ),
+            # Only a running job waits for its cancellation to take effect; a requeue clears the
+            # mark. (A pending job is cancelled at once, so it never carries one.)
+            models.CheckConstraint(
+                condition=(
+                    Q(cancel_requested_at__isnull=True)
+                    | Q(state__in=[JobState.RUNNING, JobState.CANCELLED])
+                ),
+                name="dbqueue_job_cancel_mark_running",
             ),
             # At most one job per idempotency key, whatever its state.
             models.UniqueConstraint(

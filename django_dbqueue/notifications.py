@@ -1,8 +1,15 @@
-"""LISTEN on a dedicated connection; wakes the claim loop when a job is enqueued.
+"""LISTEN on a dedicated connection; wakes the claim loop when a job is enqueued, and tells the
+worker holding a job that its cancel was asked for.
 
 The notification is only a hint: the worker's poll guarantees progress when one is missed (the
-listener reconnecting, PgBouncer in transaction mode, ``DBQUEUE["LISTEN"] = False``). So the
-listener never needs to be exact, only quick and self-healing.
+listener reconnecting, PgBouncer in transaction mode, ``DBQUEUE["LISTEN"] = False``), and its
+heartbeat tells it of a cancel within ``HEARTBEAT_INTERVAL``. So the listener never needs to be
+exact, only quick and self-healing.
+
+Payloads on the channel: ``"<count>:<queue>"`` (jobs ready, wakeup.py), a bare queue name (from
+SQL: workflow releases), and ``"cancel:<id>,<id>,..."`` (jobs whose cancel was asked for while
+they run; wakeup.jobs_cancelled). An older worker reads the last as a queue it does not serve
+and ignores it (``parse_wakeup``), so a fleet can be upgraded one worker at a time.
 """
 
 import logging
@@ -30,6 +37,32 @@ def parse_wakeup(payload):
     if sep and head.isascii() and head.isdigit():  # isdigit() alone takes "²", which int() refuses
         return queue, int(head)
     return payload, 1
+
+
+CANCEL_PREFIX = "cancel:"
+CANCEL_CHUNK = 200  # ids per notification: ~2 KB, far below NOTIFY's 8000-byte payload limit,
+#                     and below PIPE_BUF, so a group listener forwards one in a single write
+
+
+def cancel_payloads(ids):
+    """The notifications that tell the workers ``ids`` are to be cancelled."""
+    ids = sorted(set(ids))
+    return [
+        CANCEL_PREFIX + ",".join(str(i) for i in ids[start : start + CANCEL_CHUNK])
+        for start in range(0, len(ids), CANCEL_CHUNK)
+    ]
+
+
+def parse_cancel(payload):
+    """The job ids of a ``"cancel:<id>,<id>"`` payload, or ``None`` for any other payload.
+    Parts that are not ids are skipped: a bad notification must not stop a listener."""
+    if not payload.startswith(CANCEL_PREFIX):
+        return None
+    return [
+        int(part)
+        for part in payload[len(CANCEL_PREFIX) :].split(",")
+        if part.isascii() and part.isdigit()
+    ]
 
 
 class Listener(threading.Thread):
@@ -104,9 +137,35 @@ class Listener(threading.Thread):
                     last_traffic = time.monotonic()
 
 
+# The pipe from a group's listener to one of its workers carries a wake-up as one byte (WAKE) and
+# a cancel notification as its payload framed by CANCEL_START and CANCEL_END, in one write
+# shorter than PIPE_BUF, so that writes never interleave.
+WAKE = b"\x01"
+CANCEL_START = b"\x02"
+CANCEL_END = b"\x03"
+
+
+def read_pipe_messages(buffer):
+    """Split what a pipe delivered: returns ``(woken, [cancel payloads], rest)``; ``rest`` is an
+    unfinished message, to be read again with the next bytes."""
+    woken, payloads = False, []
+    while buffer:
+        if buffer[:1] == CANCEL_START:
+            end = buffer.find(CANCEL_END)
+            if end < 0:
+                break  # the rest of it comes with the next read
+            payloads.append(buffer[1:end].decode("ascii", "replace"))
+            buffer = buffer[end + 1 :]
+        else:
+            woken = woken or buffer[:1] == WAKE
+            buffer = buffer[1:]
+    return woken, payloads, buffer
+
+
 class PipeWaker:
     """A supervised worker's wake-up source: the supervisor's listener writes a byte into this
-    process's pipe when the worker should claim. Same contract as a Listener's thread."""
+    process's pipe when the worker should claim, or a cancel notification's payload. Same
+    contract as a Listener's thread."""
 
     def __init__(self, fd):
         self.fd = fd
@@ -115,13 +174,19 @@ class PipeWaker:
     def start(self, on_notify, stop_event, *, on_crash=None):
         def run():
             try:
+                pending = b""
                 with selectors.DefaultSelector() as selector:
                     selector.register(self.fd, selectors.EVENT_READ)
                     while not stop_event.is_set():
                         if selector.select(timeout=0.5):
-                            if not os.read(self.fd, 4096):
+                            data = os.read(self.fd, 4096)
+                            if not data:
                                 return  # the supervisor is gone; its parent check stops us
-                            on_notify(None)
+                            woken, payloads, pending = read_pipe_messages(pending + data)
+                            for payload in payloads:
+                                on_notify(payload)
+                            if woken:
+                                on_notify(None)
             except BaseException as exc:
                 logger.exception("dbqueue wake-up pipe reader crashed")
                 if on_crash is not None:
@@ -155,6 +220,11 @@ class GroupWaker:
         if payload is None:
             self._wake(list(self.pipes))
             return
+        if payload.startswith(CANCEL_PREFIX):
+            # Which worker holds the job is not known here: every worker of the group hears
+            # it, and those that do not hold the job ignore it (a dict lookup each).
+            self._wake(list(self.pipes), CANCEL_START + payload.encode() + CANCEL_END)
+            return
         queue, count = parse_wakeup(payload)
         if queue not in self.queues:
             return
@@ -171,12 +241,14 @@ class GroupWaker:
             covered += free[slot]
         self._wake(chosen)
 
-    def _wake(self, slots):
+    def _wake(self, slots, message=WAKE):
         for slot in slots:
             try:
-                os.write(self.pipes[slot], b"\x01")
+                os.write(self.pipes[slot], message)
                 self.woken += 1
             except BlockingIOError:
-                pass  # its pipe is full: it has wake-ups waiting already
+                # Its pipe is full: it has wake-ups waiting already; a cancel lost here is
+                # learned from the worker's next heartbeat.
+                pass
             except OSError:
                 pass

@@ -6,6 +6,11 @@ for the outcome. When the watchdog gives a run up, the pool kills the child runn
 and the slot starts a new one for its next job. Children are started with ``spawn``, not
 ``fork``: forking a process that runs threads can copy a lock held mid-update. A child whose
 worker died (``kill -9``) notices within a second and exits, even in the middle of a hung run.
+
+Cancelling a running job: the slot's thread sends SIGUSR1 to the child running it, whose
+handler raises the job's ``ctx.cancelled`` flag (and cancels an async handler's task), so a
+handler behaves as it does in thread mode. A child still starting (before its handler for the
+signal is installed) dies of the signal instead; the run then ends cancelled all the same.
 """
 
 import asyncio
@@ -52,6 +57,8 @@ def _child_main(conn, worker_id, parent_pid):
     """A handler process: set Django up, then run the jobs the parent sends, one at a time."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when children stop
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    running = [None]  # the JobContext of the run under way, for the cancel signal
+    signal.signal(signal.SIGUSR1, lambda *_: running[0] is not None and running[0]._cancel())
     import django
 
     django.setup()
@@ -89,7 +96,11 @@ def _child_main(conn, worker_id, parent_pid):
             using=conf.DATABASE,
         )
         hygiene.before()
-        outcome = run_handler(ctx, token, conf=conf, worker_id=worker_id, loop=loop)
+        running[0] = ctx
+        try:
+            outcome = run_handler(ctx, token, conf=conf, worker_id=worker_id, loop=loop)
+        finally:
+            running[0] = None
         with contextlib.suppress(Exception):
             hygiene.after()
         try:
@@ -142,6 +153,15 @@ class ProcessPool(ThreadPool):
             )
             child.kill()
 
+    def cancel(self, entry):
+        """``entry``'s cancel was asked for: signal the child running it (see the module doc)."""
+        entry.ctx._cancel()
+        with self._lock:
+            child = self._children.get(id(entry))
+            if child is not None:
+                with contextlib.suppress(ProcessLookupError, TypeError):
+                    os.kill(child.process.pid, signal.SIGUSR1)
+
     def stop(self, timeout):
         super().stop(timeout)
 
@@ -168,6 +188,11 @@ class ProcessPool(ThreadPool):
                         self.replaced += 1
                         if entry.timed_out:
                             continue  # the watchdog recorded this attempt already
+                        if entry.ctx.cancelled:  # killed by the cancel signal while starting
+                            outcome = Outcome("cancelled")
+                            outcome.duration = time.monotonic() - entry.started
+                            worker.settle(entry, outcome)
+                            continue
                         exc = RuntimeError(
                             f"the handler process died while running the job (exit code {code})"
                         )

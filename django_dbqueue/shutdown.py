@@ -37,23 +37,25 @@ def quiet_tick(w, wait):
 
 def release(w, entries, why):
     """Hand ``entries`` back without spending their attempts, after writing every outcome
-    already buffered; retried through a lost connection. Returns the ids released."""
+    already buffered; retried through a lost connection. Returns the ids released. A job whose
+    cancel was asked for is not handed back: it ends cancelled (sql.RELEASE_JOBS)."""
     held = [e.key for e in entries]
     for attempt in range(5):
         try:
             # Outcomes first: a job that finished is written as finished, not handed back.
             w.acks.flush_once(w.session)
-            released = store.release(w.session, held)
+            ended = store.release_ending(w.session, held)
             for entry in entries:
-                if entry.ctx.id in released:
+                if entry.ctx.id in ended:
                     logger.info(
-                        "dbqueue released job=%s type=%s attempt=%s (%s)",
+                        "dbqueue %s job=%s type=%s attempt=%s (%s)",
+                        "released" if ended[entry.ctx.id] == "pending" else "cancelled",
                         entry.ctx.id,
                         entry.ctx.type,
                         entry.ctx.attempt,
                         why,
                     )
-            return released
+            return set(ended)
         except DB_ERRORS as exc:
             w.session.reset()
             logger.warning("dbqueue could not release %d jobs (%s)", len(held), exc)

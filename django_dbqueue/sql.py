@@ -301,8 +301,15 @@ FROM claimed
 #   dependent's dependencies again (the ones completed here counted as done).
 # - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row,
 #   and the function is not called.
-# The result is one row: the completed ids as a JSON array (NULL for none; one value to decode,
-# as the claim's), and how many queues were woken.
+# Cancelling (docs/concepts.md): a job whose cancel was asked for while it ran carries
+# cancel_requested_at, and its success ends it ``cancelled`` with the result kept. One CASE on a
+# column that is NULL for every other job, in the same statement, so the completion of an
+# unmarked job costs what it did. Its dependents are not counted down here (``done`` is false):
+# the workflow trigger of migration 0009 fires for its new state and cancels them (or releases
+# those whose edge says run_on_failure), like for any other cancelled job.
+# The result is one row (one value each to decode, as the claim's): the ids made done as a JSON
+# array, the ids ended cancelled as a JSON object id -> who cancelled it ('' when nobody is
+# recorded), NULL for none, and how many queues were woken.
 COMPLETE_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -310,16 +317,18 @@ WITH commit_mode AS MATERIALIZED (
 ),
 completed AS (
     UPDATE dbqueue_job AS j
-    SET state = 'done', finished_at = now(), leased_until = NULL, result = c.result::jsonb
+    SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
+        finished_at = now(), leased_until = NULL, result = c.result::jsonb
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[])
              AS c(id, token, result),
          commit_mode
     WHERE j.id = c.id AND j.lease_token = c.token AND j.state = 'running'
-    RETURNING j.id, j.dependents
+    RETURNING j.id, j.dependents, j.cancel_requested_at IS NULL AS done, j.cancelled_by
 ),
 counts AS MATERIALIZED (
     SELECT d.id, count(*) AS n
     FROM completed AS c CROSS JOIN LATERAL unnest(c.dependents) AS d(id)
+    WHERE c.done
     GROUP BY d.id
 ),
 locked AS MATERIALIZED (
@@ -344,10 +353,12 @@ late AS (
         SELECT array_agg(c.id) AS ids FROM counts AS c
         WHERE NOT EXISTS (SELECT 1 FROM dbqueue_job AS v WHERE v.id = c.id)
     ) AS unseen
-    CROSS JOIN LATERAL dbqueue_release_late(unseen.ids, ARRAY(SELECT id FROM completed)) AS f(queue)
+    CROSS JOIN LATERAL dbqueue_release_late(unseen.ids, ARRAY(SELECT id FROM completed
+                                                              WHERE done)) AS f(queue)
     WHERE unseen.ids IS NOT NULL
 )
-SELECT (SELECT json_agg(id) FROM completed)::text,
+SELECT (SELECT json_agg(id) FROM completed WHERE done)::text,
+       (SELECT json_object_agg(id, COALESCE(cancelled_by, '')) FROM completed WHERE NOT done)::text,
        (SELECT count(pg_notify(%(channel)s, queue))
         FROM (SELECT queue FROM released WHERE state = 'pending' UNION SELECT queue FROM late)
              AS woken)
@@ -355,16 +366,33 @@ SELECT (SELECT json_agg(id) FROM completed)::text,
 
 # One failure: back to pending after a delay, or dead when the attempts are spent or the handler
 # asked for no retry. Fenced like COMPLETE_JOBS. The error entry gets its time from the database.
+# A job whose cancel was asked for while it ran ends cancelled instead, its error kept: a
+# cancelled job is neither retried nor a dead letter (docs/concepts.md).
 FAIL_JOB = """
 UPDATE dbqueue_job
-SET state = CASE WHEN %(dead)s OR attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
-    finished_at = CASE WHEN %(dead)s OR attempts >= max_attempts THEN now() END,
-    run_after = CASE WHEN %(dead)s OR attempts >= max_attempts THEN run_after
-                     ELSE now() + %(delay)s * interval '1 second' END,
+SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN %(dead)s OR attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s
+                            OR attempts >= max_attempts THEN now() END,
+    run_after = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s OR attempts >= max_attempts
+                     THEN run_after ELSE now() + %(delay)s * interval '1 second' END,
     leased_until = NULL,
     errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
-RETURNING state, run_after
+RETURNING state, run_after, cancelled_by
+"""
+
+# A run that stopped because it was cancelled: the handler raised JobCancelled (through
+# ctx.raise_if_cancelled() or of its own accord: then "handler" is recorded as who cancelled
+# it), an async handler's task was cancelled, or the worker learned of the cancel before the
+# run started and never started it. Fenced like the rest; durable like a failure.
+END_CANCELLED = """
+UPDATE dbqueue_job
+SET state = 'cancelled', finished_at = now(), leased_until = NULL,
+    cancel_requested_at = COALESCE(cancel_requested_at, now()),
+    cancelled_by = COALESCE(cancelled_by, %(by)s)
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING state, cancelled_by
 """
 
 # A claimed job whose type this worker has no handler for. During a rolling deploy a worker still
@@ -372,14 +400,19 @@ RETURNING state, run_after
 # without spending the attempt, after %(delay)s seconds, for a worker that knows it. A job that
 # has existed for longer than %(grace)s seconds is not waiting for a deploy (its handler was
 # removed or renamed): it is dead at once. Either way the error is recorded.
+# A job whose cancel was asked for meanwhile ends cancelled.
 DEFER_UNKNOWN_TYPE = """
 UPDATE dbqueue_job
-SET state = CASE WHEN created_at < now() - %(grace)s * interval '1 second'
+SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN created_at < now() - %(grace)s * interval '1 second'
                  THEN 'dead' ELSE 'pending' END,
-    finished_at = CASE WHEN created_at < now() - %(grace)s * interval '1 second' THEN now() END,
-    attempts = CASE WHEN created_at < now() - %(grace)s * interval '1 second'
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL
+                            OR created_at < now() - %(grace)s * interval '1 second' THEN now() END,
+    attempts = CASE WHEN cancel_requested_at IS NOT NULL
+                         OR created_at < now() - %(grace)s * interval '1 second'
                     THEN attempts ELSE attempts - 1 END,
-    run_after = CASE WHEN created_at < now() - %(grace)s * interval '1 second' THEN run_after
+    run_after = CASE WHEN cancel_requested_at IS NOT NULL
+                          OR created_at < now() - %(grace)s * interval '1 second' THEN run_after
                      ELSE now() + %(delay)s * interval '1 second' END,
     leased_until = NULL,
     errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
@@ -396,6 +429,9 @@ SELECT id, state, lease_token FROM dbqueue_job WHERE id = ANY(%(ids)s::bigint[])
 
 # Heartbeat: push the lease of every job this worker still runs forward by the job's lease.
 # Fenced; a job missing from RETURNING was taken back by the sweeper and belongs to someone else.
+# Each row also says whether a cancel was asked for: the heartbeat is the backstop that tells
+# the worker within one HEARTBEAT_INTERVAL when the cancel notification was missed, at no extra
+# round trip.
 EXTEND_LEASES = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -405,28 +441,35 @@ UPDATE dbqueue_job AS j
 SET leased_until = now() + j.lease_seconds * interval '1 second'
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token), commit_mode
 WHERE j.id = h.id AND j.lease_token = h.token AND j.state = 'running'
-RETURNING j.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
 # Graceful shutdown: hand jobs that never finished back without spending the attempt the claim
-# took. Fenced like the rest.
+# took. Fenced like the rest. A job whose cancel was asked for is not handed back: it ends
+# cancelled (the SET expressions read the row's old values).
 RELEASE_JOBS = """
 UPDATE dbqueue_job AS j
-SET state = 'pending', attempts = j.attempts - 1, leased_until = NULL, worker_id = NULL,
-    lease_token = NULL
+SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+    attempts = CASE WHEN j.cancel_requested_at IS NULL THEN j.attempts - 1 ELSE j.attempts END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+    leased_until = NULL,
+    worker_id = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE j.worker_id END,
+    lease_token = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE j.lease_token END
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
 WHERE j.id = r.id AND j.lease_token = r.token AND j.state = 'running'
-RETURNING j.id
+RETURNING j.id, j.state
 """
 
 # After a lost connection: a claim can commit while its reply is lost, which leaves jobs running
 # under this worker that it never heard of (they would sit out their lease and spend an attempt
 # that never ran). Hand back every job this worker holds except those it knows. Served by the
-# partial index on running jobs.
+# partial index on running jobs. A job whose cancel was asked for ends cancelled instead.
 RELEASE_UNKNOWN_JOBS = """
 UPDATE dbqueue_job
-SET state = 'pending', attempts = attempts - 1, leased_until = NULL, worker_id = NULL,
-    lease_token = NULL
+SET state = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
+    attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
+    finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
+    leased_until = NULL, worker_id = NULL, lease_token = NULL
 WHERE state = 'running' AND worker_id = %(worker)s
   AND NOT (lease_token = ANY(%(known)s::bigint[]))
 RETURNING id
@@ -435,7 +478,8 @@ RETURNING id
 # The sweeper: jobs whose lease ran out (their worker died or hung) go back to pending, after the
 # default backoff with full jitter, or to dead when their attempts are spent. The attempt that
 # expired counts and is recorded as an error. (The exponent is clamped so power() cannot overflow.) Bounded, and SKIP LOCKED so several workers sweeping
-# at once split the work instead of queueing behind each other.
+# at once split the work instead of queueing behind each other. A job whose cancel was asked
+# for (its worker died before it learned, or before it wrote the end) ends cancelled.
 RESCUE_EXPIRED = """
 WITH expired AS MATERIALIZED (
     SELECT id FROM dbqueue_job
@@ -445,9 +489,12 @@ WITH expired AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE dbqueue_job AS j
-SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
-    finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
-    run_after = CASE WHEN j.attempts >= j.max_attempts THEN j.run_after
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                            OR j.attempts >= j.max_attempts THEN now() END,
+    run_after = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
+                     THEN j.run_after
                      ELSE now() + random() * LEAST(%(cap)s, %(base)s * power(%(factor)s,
                                                    LEAST(GREATEST(j.attempts - 1, 0), 50)))
                                   * interval '1 second' END,
@@ -463,7 +510,7 @@ SET state = CASE WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' EN
         'at', now()))
 FROM expired
 WHERE j.id = expired.id
-RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue
+RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_by
 """
 
 # The worker's status line: due backlog of its queues, counted up to a bound so that a huge
@@ -527,16 +574,18 @@ RETURNING id
 # Dead or cancelled -> pending, attempts reset. The error history stays: it is the record of
 # what went wrong, and the next failures are appended after it. A "Requeued" entry marks where
 # the history starts again at attempt 1 (SET reads the row's old state and attempts); it has
-# the shape of an error entry, so that everything listing errors shows it as it is.
+# the shape of an error entry, so that everything listing errors shows it as it is. The cancel
+# mark goes (a pending job carries none); who cancelled it stays in that entry's message.
 REQUEUE_JOBS = """
 UPDATE dbqueue_job
 SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
-    leased_until = NULL, worker_id = NULL,
+    leased_until = NULL, worker_id = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
         'attempt', attempts,
         'class', 'Requeued',
-        'message', 'requeued from ' || state || ' after ' || attempts
-                   || ' attempt(s); attempts start again at 1',
+        'message', 'requeued from ' || state
+                   || COALESCE(' (cancelled by ' || cancelled_by || ')', '')
+                   || ' after ' || attempts || ' attempt(s); attempts start again at 1',
         'traceback', '',
         'worker', NULL,
         'requeued', true,
@@ -552,12 +601,30 @@ WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND run_after > now()
 RETURNING id, queue
 """
 
-# Pending or waiting -> cancelled. A running job is not cancelled: its handler is already under
-# way. The workflow trigger cancels the jobs waiting for a cancelled one (docs/workflows.md).
+# cancel(): pending or waiting -> cancelled at once; running -> marked (cancel_requested_at),
+# and it stays running: its handler is under way, on a worker that learns of the mark from the
+# cancel notification (sent after the commit, wakeup.jobs_cancelled) or its next heartbeat,
+# and whatever the run's outcome, the write that ends it ends it cancelled (COMPLETE_JOBS,
+# FAIL_JOB, END_CANCELLED, RESCUE_EXPIRED, the releases). Marking again keeps the first request
+# and its author. The workflow trigger cancels the jobs waiting for a cancelled one
+# (docs/workflows.md); a running job's dependents wait for its end. The UPDATE re-reads a row
+# that changed while it waited for its lock, so a job it did not move has finished (done, dead,
+# cancelled); an id missing from the result is unknown.
 CANCEL_JOBS = """
-UPDATE dbqueue_job SET state = 'cancelled', finished_at = now(), waiting_on = 0
-WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('pending', 'waiting')
-RETURNING id
+WITH moved AS (
+    UPDATE dbqueue_job AS j
+    SET state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
+        finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
+        waiting_on = 0,
+        cancel_requested_at = COALESCE(j.cancel_requested_at, now()),
+        cancelled_by = COALESCE(j.cancelled_by, %(by)s)
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('pending', 'waiting', 'running')
+    RETURNING j.id, j.state
+)
+SELECT id, state FROM moved
+UNION ALL
+SELECT id, 'finished' FROM dbqueue_job
+WHERE id = ANY(%(ids)s::bigint[]) AND id NOT IN (SELECT id FROM moved)
 """
 
 # Deletes finished jobs (done, dead, cancelled) only: the state test sits in the DELETE itself,

@@ -278,6 +278,15 @@ def complete(using, acks, *, async_commit=False, channel=None):
     return completed_ids(_execute(using, *statement))
 
 
+def complete_ending(using, acks, *, async_commit=False, channel=None):
+    """:func:`complete`, returning ``{id: None}`` for a job done and ``{id: who}`` for one that
+    ended cancelled (its cancel was asked for while it ran; ``''`` when nobody is recorded)."""
+    if not acks:
+        return {}
+    rows = _execute(using, *complete_statement(acks, async_commit=async_commit, channel=channel))
+    return completed_endings(rows)
+
+
 def complete_statement(acks, *, async_commit=False, channel=None):
     """:func:`complete`'s statement and parameters, for a Session's ``execute_pipelined``."""
     if channel is None:
@@ -296,15 +305,33 @@ def complete_statement(acks, *, async_commit=False, channel=None):
 
 
 def completed_ids(rows):
-    ids = rows[0][0] if rows else None
-    return set() if ids is None else set(json.loads(ids))
+    return set(completed_endings(rows))
+
+
+def completed_endings(rows):
+    """``{id: None}`` for each job a completion made done, ``{id: who}`` for each it ended
+    ``cancelled`` (its cancel was asked for while it ran; ``''`` when nobody is recorded)."""
+    if not rows:
+        return {}
+    done, cancelled = rows[0][0], rows[0][1]
+    endings = dict.fromkeys(json.loads(done)) if done is not None else {}
+    if cancelled is not None:
+        endings.update((int(job_id), who) for job_id, who in json.loads(cancelled).items())
+    return endings
 
 
 def fail(using, *, job_id, token, error, delay, dead=False):
-    """Record a failed attempt: retry after ``delay`` seconds, or dead (spent or ``dead=True``).
+    """Record a failed attempt: retry after ``delay`` seconds, or dead (spent or ``dead=True``),
+    or cancelled when a cancel was asked for while it ran.
 
     Returns the new state, or ``None`` when the write was fenced out. Always a durable commit.
     """
+    ended = fail_job(using, job_id=job_id, token=token, error=error, delay=delay, dead=dead)
+    return ended[0] if ended else None
+
+
+def fail_job(using, *, job_id, token, error, delay, dead=False):
+    """:func:`fail`, returning ``(state, cancelled_by)``, or ``None`` when fenced out."""
     rows = _execute(
         using,
         sql.FAIL_JOB,
@@ -316,7 +343,15 @@ def fail(using, *, job_id, token, error, delay, dead=False):
             "dead": bool(dead),
         },
     )
-    return rows[0][0] if rows else None
+    return (rows[0][0], rows[0][2]) if rows else None
+
+
+def end_cancelled(using, *, job_id, token, by="handler"):
+    """End a run that stopped because it was cancelled (or never started for that reason):
+    ``cancelled``, fenced. ``by`` is recorded unless a cancel request already named someone.
+    Returns who cancelled it, or ``None`` when the write was fenced out. A durable commit."""
+    rows = _execute(using, sql.END_CANCELLED, {"id": job_id, "token": token, "by": by})
+    return (rows[0][1] or "") if rows else None
 
 
 def defer_unknown_type(using, *, job_id, token, error, delay, grace):
@@ -340,22 +375,30 @@ def read_back(using, ids):
 
 
 def extend_leases(using, held, *, async_commit=False):
-    """Heartbeat ``[(id, token), ...]``; returns the ids whose lease this worker still holds."""
+    """Heartbeat ``[(id, token), ...]``; returns the ids whose lease this worker still holds,
+    as ``{id: True when a cancel was asked for}`` (so ``id in result`` reads as before)."""
     if not held:
-        return set()
+        return {}
     ids, tokens = zip(*held, strict=True)
     params = {"ids": list(ids), "tokens": list(tokens), "commit": _commit(async_commit)}
     rows = _execute(using, sql.EXTEND_LEASES, params)
-    return {row[0] for row in rows}
+    return {job_id: cancelling for job_id, cancelling in rows}
 
 
 def release(using, held):
-    """Return ``[(id, token), ...]`` to pending without spending the attempt; returns the ids."""
+    """Return ``[(id, token), ...]`` to pending without spending the attempt; returns the ids.
+
+    A job whose cancel was asked for ends cancelled instead (see :func:`release_ending`)."""
+    return set(release_ending(using, held))
+
+
+def release_ending(using, held):
+    """:func:`release`, returning ``{id: "pending" or "cancelled"}``."""
     if not held:
-        return set()
+        return {}
     ids, tokens = zip(*held, strict=True)
     rows = _execute(using, sql.RELEASE_JOBS, {"ids": list(ids), "tokens": list(tokens)})
-    return {row[0] for row in rows}
+    return dict(rows)
 
 
 def release_unknown(using, *, worker, known):
@@ -366,7 +409,7 @@ def release_unknown(using, *, worker, known):
 
 def rescue_expired(using, *, limit, base, factor, cap):
     """Take back up to ``limit`` expired leases; returns ``[(id, type, attempts, state, worker,
-    queue)]``."""
+    queue, cancelled_by)]`` (state ``cancelled`` for a job whose cancel was asked for)."""
     return _execute(
         using,
         sql.RESCUE_EXPIRED,
@@ -389,9 +432,16 @@ def run_now(using, ids):
     return dict(_execute(using, sql.RUN_JOBS_NOW, {"ids": list(ids)}))
 
 
-def cancel(using, ids):
-    """Pending jobs to cancelled; returns the ids moved."""
-    return {row[0] for row in _execute(using, sql.CANCEL_JOBS, {"ids": list(ids)})}
+def cancel(using, ids, *, by=None):
+    """Pending or waiting jobs to cancelled, running ones marked for cancellation; returns the
+    ids cancelled at once (:func:`request_cancel` says what became of each)."""
+    return {i for i, state in request_cancel(using, ids, by=by).items() if state == "cancelled"}
+
+
+def request_cancel(using, ids, *, by=None):
+    """``{id: "cancelled" | "running" | "finished"}`` for the ids that exist: cancelled now,
+    marked while it runs, or already done, dead or cancelled. Ids missing are unknown."""
+    return dict(_execute(using, sql.CANCEL_JOBS, {"ids": list(ids), "by": by}))
 
 
 def delete_finished(using, ids):

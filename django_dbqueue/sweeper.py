@@ -52,9 +52,10 @@ class Sweeper:
         return pruned
 
     def rescue(self):
-        """Return expired leases to pending (or dead). Returns ``{"rescued": n, "dead": n}``."""
+        """Return expired leases to pending (or dead, or cancelled when a cancel was asked for).
+        Returns ``{"rescued": n, "dead": n, "cancelled": n}``."""
         conf = self.conf
-        counts = {"rescued": 0, "dead": 0}
+        counts = {"rescued": 0, "dead": 0, "cancelled": 0}
         for _ in range(self.MAX_ROUNDS):
             rows = store.rescue_expired(
                 self.db,
@@ -63,8 +64,33 @@ class Sweeper:
                 factor=conf.BACKOFF_FACTOR,
                 cap=conf.BACKOFF_CAP,
             )
-            for job_id, job_type, attempts, state, worker, queue in rows:
-                if state == "dead":
+            for job_id, job_type, attempts, state, worker, queue, cancelled_by in rows:
+                if state == "cancelled":
+                    counts["cancelled"] += 1
+                    signals.send(
+                        signals.job_cancelled,
+                        job_type,
+                        job_id=job_id,
+                        queue=queue,
+                        attempt=attempts,
+                        worker_id=worker,
+                        duration=None,
+                        cancelled_by=cancelled_by,
+                        error={
+                            "class": "LeaseExpired",
+                            "message": "lease expired",
+                            "traceback": "",
+                        },
+                    )
+                    logger.warning(
+                        "dbqueue swept job=%s type=%s attempt=%s to cancelled: its cancel was "
+                        "asked for and its lease expired (worker %s)",
+                        job_id,
+                        job_type,
+                        attempts,
+                        worker,
+                    )
+                elif state == "dead":
                     counts["dead"] += 1
                     signals.send(
                         signals.job_dead,

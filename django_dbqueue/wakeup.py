@@ -417,3 +417,43 @@ def flush(timeout=5.0, *, close=False):
     until the sender thread closed its connections (tests, before dropping their database).
     Returns False if that took longer than ``timeout`` seconds."""
     return _COALESCER.flush(timeout, close=close)
+
+
+def jobs_cancelled(using, ids):
+    """Tell the workers that the running jobs ``ids`` were marked for cancellation on
+    ``using``'s current transaction: one ``"cancel:<ids>"`` notification per 200 jobs, sent
+    once that transaction commits (nothing if it rolls back), like :func:`jobs_ready` but not
+    coalesced: cancels are rare, and each one must reach its worker within milliseconds. A
+    notification that is lost is made up for by the worker's next heartbeat."""
+    from .notifications import cancel_payloads
+
+    payloads = cancel_payloads(ids)
+    if not payloads:
+        return
+    channel = get_settings().NOTIFY_CHANNEL
+    connection = connections[using]
+    if connection.in_atomic_block:
+        transaction.on_commit(lambda: _send_cancel(using, channel, payloads), using=using)
+    elif connection.get_autocommit():
+        _send_cancel(using, channel, payloads)
+    else:  # manual transaction management: ride in the caller's transaction
+        store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
+
+
+def _send_cancel(using, channel, payloads):
+    connection = connections[using]
+    try:
+        if connection.in_atomic_block or not connection.get_autocommit():
+            # An earlier on_commit hook opened a transaction: ride in it, as its commit sends it
+            # (its durability untouched).
+            store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
+        else:
+            store.notify_workers(using, channel=channel, payloads=payloads)
+    except Exception as exc:  # the cancel has committed: never raise into the caller
+        logger.warning(
+            "dbqueue could not notify the workers of a cancel (%s) on %r: %s; their next "
+            "heartbeat tells them",
+            ", ".join(payloads),
+            using,
+            exc,
+        )

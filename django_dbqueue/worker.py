@@ -34,7 +34,7 @@ from .execution import make_pool, retry_delay
 from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
 from .maintenance import Maintenance
-from .notifications import Listener, parse_wakeup
+from .notifications import Listener, parse_cancel, parse_wakeup
 from .rollup import Rollup
 from .scheduler import Scheduler
 from .shutdown import shut_down
@@ -207,7 +207,7 @@ class Worker:
                 self._write_done(done)
                 claimed = self.session.execute(*claim)
             else:
-                self.acks.report_done(self.session, done, store.completed_ids(completed))
+                self.acks.report_done(self.session, done, store.completed_endings(completed))
         else:
             claimed = self.session.execute(*claim)
         rows = store.claimed_rows(claimed)
@@ -252,7 +252,7 @@ class Worker:
         """Hand a run's outcome to the acknowledgement buffer (or discard it: given up)."""
         kind, duration = outcome.kind, outcome.duration
         if kind == "committed":
-            self.acks.committed(entry, duration=duration)
+            self.acks.committed(entry, duration=duration, cancelled_by=outcome.cancelled_by)
         elif kind == "fenced":
             self.acks.fenced += 1
             logger.warning(
@@ -266,6 +266,8 @@ class Worker:
             return  # timed out, lost or released: that attempt's end is already written
         elif kind == "success":
             self.acks.succeed(entry, outcome.result, duration=duration)
+        elif kind == "cancelled":
+            self.acks.cancel(entry, duration=duration)
         else:
             self.acks.fail(
                 entry,
@@ -302,7 +304,29 @@ class Worker:
     # ---------------------------------------------------------------------------------------
     # Wake-ups, signals, fatal errors
     # ---------------------------------------------------------------------------------------
+    def cancel_requested(self, ids):
+        """The cancel of jobs ``ids`` was asked for (a notification or the heartbeat told us;
+        any thread). A running handler is told (``ctx.cancelled``; an async one's task is
+        cancelled; in process mode its child is signalled); a job claimed but not started is
+        withdrawn, never started, and written cancelled. Ids this worker does not hold are
+        ignored. Returns how many jobs were affected."""
+        running, withdrawn = self.inflight.cancel(ids)
+        for entry in running:
+            logger.info(
+                "dbqueue cancelling job=%s type=%s attempt=%s: telling its handler",
+                entry.ctx.id,
+                entry.ctx.type,
+                entry.ctx.attempt,
+            )
+            self.pool.cancel(entry)
+        for entry in withdrawn:
+            self.acks.cancel(entry)
+        return len(running) + len(withdrawn)
+
     def _on_notify(self, payload):
+        if payload is not None and (ids := parse_cancel(payload)) is not None:
+            self.cancel_requested(ids)
+            return
         if payload is None or parse_wakeup(payload)[0] in self.queues:
             self._claim_next = True
             self._wakeup.set()

@@ -110,12 +110,27 @@ def test_run_now_and_cancel(as_user):
     assert texts(response)[0] == "Made due now 1 job(s)."
     assert scalar("SELECT run_after <= now() FROM dbqueue_job WHERE id = %s", [later.id])
     set_state(due.id, "running")
-    response = post_action(client, "cancel", [later.id, due.id])
+    dead = enqueue("noop")
+    set_state(dead.id, "dead")
+    response = post_action(client, "cancel", [later.id, due.id, dead.id])
     assert texts(response) == [
         "Cancelled 1 job(s).",
-        "1 selected job(s) were left alone: only pending or waiting jobs can be cancelled.",
+        "Cancelling 1 running job(s): each ends cancelled when its handler stops (at once for a "
+        "handler that checks ctx.cancelled).",
+        "1 selected job(s) were left alone: they had finished already (done, dead or cancelled).",
     ]
-    assert job_row(later.id)["state"] == "cancelled" and job_row(due.id)["state"] == "running"
+    # The running job is marked, in the user's name, and runs on until its worker ends it.
+    later_row, due_row = job_row(later.id), job_row(due.id)
+    assert (later_row["state"], later_row["cancelled_by"]) == (
+        "cancelled",
+        "admin:ops-run_now_backgroundjob-cancel_backgroundjob",
+    )
+    assert (due_row["state"], due_row["cancelled_by"]) == (
+        "running",
+        "admin:ops-run_now_backgroundjob-cancel_backgroundjob",
+    )
+    assert due_row["cancel_requested_at"] is not None
+    assert job_row(dead.id)["state"] == "dead"
 
 
 def test_run_now_and_cancel_without_permission_do_nothing(as_user):

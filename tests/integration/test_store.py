@@ -170,7 +170,7 @@ def test_zombie_cannot_complete_or_fail_a_reclaimed_job():
     job = enqueue("record")
     (_zombie,) = claim(worker="zombie")
     expire(job.id)
-    assert Sweeper("default").rescue() == {"rescued": 1, "dead": 0}
+    assert Sweeper("default").rescue() == {"rescued": 1, "dead": 0, "cancelled": 0}
     with connection.cursor() as cursor:  # make it due now despite the sweeper's backoff
         cursor.execute("UPDATE dbqueue_job SET run_after = now() WHERE id = %s", [job.id])
     (holder,) = claim(worker="holder")
@@ -179,7 +179,7 @@ def test_zombie_cannot_complete_or_fail_a_reclaimed_job():
     assert store.complete("default", [(job.id, token("zombie"), None)]) == set()
     error = {"attempt": 1, "class": "X", "message": "late", "traceback": "", "worker": "zombie"}
     assert store.fail("default", job_id=job.id, token=token("zombie"), error=error, delay=0) is None
-    assert store.extend_leases("default", [(job.id, token("zombie"))]) == set()
+    assert not store.extend_leases("default", [(job.id, token("zombie"))])
     assert store.release("default", [(job.id, token("zombie"))]) == set()
     row = job_row(job.id)
     assert (row["state"], row["worker_id"], row["attempts"]) == ("running", "holder", 2)
@@ -232,7 +232,7 @@ def test_sweeper_rescues_or_kills_expired_jobs_and_records_why():
     claim(3)
     expire(keep.id)
     expire(last.id)
-    assert Sweeper("default").rescue() == {"rescued": 1, "dead": 1}
+    assert Sweeper("default").rescue() == {"rescued": 1, "dead": 1, "cancelled": 0}
     assert job_row(keep.id)["state"] == "pending"
     dead = job_row(last.id)
     assert dead["state"] == "dead" and dead["errors"][0]["class"] == "LeaseExpired"
@@ -284,12 +284,12 @@ def test_same_attempt_number_handed_out_again_is_still_fenced_by_the_token():
     job = enqueue("record", max_attempts=1)
     (stale,) = claim(worker="A")
     expire(job.id)
-    assert Sweeper("default").rescue() == {"rescued": 0, "dead": 1}
+    assert Sweeper("default").rescue() == {"rescued": 0, "dead": 1, "cancelled": 0}
     assert store.requeue("default", [job.id]) == {job.id: "default"}
     (fresh,) = claim(worker="B")
     assert stale.attempt == fresh.attempt == 1
     err = {"attempt": 1, "class": "E", "message": "late", "traceback": "", "worker": "A"}
-    assert store.extend_leases("default", [(job.id, token("A"))]) == set()
+    assert not store.extend_leases("default", [(job.id, token("A"))])
     assert (
         store.fail("default", job_id=job.id, token=token("A"), error=err, delay=0, dead=True)
         is None
@@ -307,12 +307,12 @@ def test_same_worker_same_attempt_is_fenced_by_the_token():
     claim(worker="A")
     first = token("A")
     expire(job.id)
-    assert Sweeper("default").rescue() == {"rescued": 0, "dead": 1}
+    assert Sweeper("default").rescue() == {"rescued": 0, "dead": 1, "cancelled": 0}
     assert store.requeue("default", [job.id]) == {job.id: "default"}
     claim(worker="A")
     second = token("A")
     assert first != second
-    assert store.extend_leases("default", [(job.id, first)]) == set()
+    assert not store.extend_leases("default", [(job.id, first)])
     assert store.complete("default", [(job.id, first, '"late"')]) == set()
     assert store.release("default", [(job.id, first)]) == set()
     assert job_row(job.id)["state"] == "running"
