@@ -17,6 +17,7 @@ from .exceptions import (
     UnknownJobType,
     UnsupportedDatabase,
 )
+from .flow import UnknownQueue, pause_queue, resume_queue
 from .registry import job
 from .workflow import Workflow, WorkflowJob, chain, group, workflow
 
@@ -35,6 +36,7 @@ __all__ = [
     "PayloadError",
     "RetryJob",
     "UnknownJobType",
+    "UnknownQueue",
     "UnsupportedDatabase",
     "Workflow",
     "WorkflowJob",
@@ -45,6 +47,8 @@ __all__ = [
     "enqueue_many",
     "group",
     "job",
+    "pause_queue",
+    "resume_queue",
     "settle_delivery",
     "workflow",
 ]

@@ -229,6 +229,9 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 #   other clients through a transaction pooler; this travels with the statement.
 # - It returns how long each job waited since it came due (run_after: enqueue, schedule or
 #   retry), in database time, for the job_started signal and the wait metrics.
+# - A paused queue (dbqueue_queue, docs/concepts.md#pausing-a-queue) is left out: the test reads
+#   only the queue's name, so it filters the unnest before the lateral scan runs (one primary
+#   key probe per queue), and no row of a paused queue is locked.
 CLAIM_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -245,6 +248,7 @@ candidates AS MATERIALIZED (
         LIMIT q.lim
         FOR UPDATE SKIP LOCKED
     ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = q.name AND p.paused)
     ORDER BY c.priority DESC, c.run_after, c.id
     LIMIT %(limit)s
 )
@@ -260,6 +264,27 @@ WHERE j.id = candidates.id
 RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.lease_seconds,
           j.idempotency_key, j.priority, j.created_at,
           EXTRACT(EPOCH FROM now() - j.run_after)::float8, j.traceparent
+"""
+
+# The claim of a worker with a fleet-wide concurrency or rate limit configured: still one
+# statement, around dbqueue_claim_limited() (migration 0010 says why it is a function: the
+# counts must be read after the limiter locks, with a newer snapshot than this statement's).
+# Same columns as CLAIM_JOBS; after the jobs, at most one row with a NULL id that says what
+# held the claim back (see store.claimed_rows). Parameters as CLAIM_JOBS, plus per queue its
+# fleet-wide concurrency and rate limit (NULL: none) and the limited types with theirs.
+CLAIM_LIMITED = """
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+)
+SELECT f.*
+FROM commit_mode,
+     dbqueue_claim_limited(
+         %(queues)s::text[], %(limits)s::int[], %(limit)s, %(worker)s, %(token)s,
+         %(q_conc)s::int[], %(q_rate_n)s::int[], %(q_rate_period)s::float8[],
+         %(q_rate_key)s::text[], %(t_names)s::text[], %(t_conc)s::int[], %(t_rate_n)s::int[],
+         %(t_rate_period)s::float8[], %(t_rate_key)s::text[]
+     ) AS f
 """
 
 # Batched acknowledgement of successes. Fenced by (id, lease token) and state: a worker whose
@@ -620,6 +645,58 @@ UNION ALL
 SELECT queue, 'waiting', count(*), 0, NULL, 0
 FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
 ORDER BY 1, 2
+"""
+
+# Flow control ----------------------------------------------------------------------------------
+# Pause or resume a queue for the whole fleet: the claims read dbqueue_queue (CLAIM_JOBS,
+# dbqueue_claim_limited). A resume also wakes the queue's workers, in the same transaction
+# (delivered at its commit; an operator action, not a hot path): payload "<count>:<queue>" as
+# wakeup.payload builds it, counting the due jobs up to a bound, so a group wakes as many
+# workers as there are jobs.
+PAUSE_QUEUE = """
+INSERT INTO dbqueue_queue (name, paused, changed_at, changed_by)
+VALUES (%(name)s, true, now(), %(by)s)
+ON CONFLICT (name) DO UPDATE
+    SET paused = true, changed_at = now(), changed_by = EXCLUDED.changed_by
+RETURNING paused
+"""
+
+RESUME_QUEUE = """
+WITH resumed AS (
+    INSERT INTO dbqueue_queue (name, paused, changed_at, changed_by)
+    VALUES (%(name)s, false, now(), %(by)s)
+    ON CONFLICT (name) DO UPDATE
+        SET paused = false, changed_at = now(), changed_by = EXCLUDED.changed_by
+    RETURNING name
+)
+SELECT pg_notify(%(channel)s, (
+           SELECT count(*) FROM (SELECT 1 FROM dbqueue_job
+                                 WHERE state = 'pending' AND queue = %(name)s
+                                   AND run_after <= now() LIMIT 1000) AS due
+       ) || ':' || name)
+FROM resumed
+"""
+
+# What the status command and the admin show of each queue's flow: paused or not (with who and
+# when), jobs running now, and per limiter row its rate window (starts in the period, and
+# when the oldest of them leaves it: RATE_WINDOW). Small tables and the running partial index.
+FLOW_STATE = """
+SELECT 'queue', q.name, q.paused::int, q.changed_at, q.changed_by, NULL::float8
+FROM dbqueue_queue AS q
+UNION ALL
+SELECT 'running-queue', queue, count(*)::int, NULL, NULL, NULL
+FROM dbqueue_job WHERE state = 'running' GROUP BY queue
+UNION ALL
+SELECT 'running-type', type, count(*)::int, NULL, NULL, NULL
+FROM dbqueue_job WHERE state = 'running' GROUP BY type
+"""
+
+# One rate window: the starts within %(period)s seconds and when the window has room again
+# (NULL when it has room now). Served by the limiter's unique key.
+RATE_WINDOW = """
+SELECT x.room, x.reopen
+FROM dbqueue_limiter AS l, dbqueue_rate_room(l.starts, %(limit)s, %(period)s) AS x
+WHERE l.scope = %(scope)s AND l.name = %(name)s AND l.part = %(part)s
 """
 
 # Metrics ---------------------------------------------------------------------------------------
