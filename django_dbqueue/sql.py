@@ -229,17 +229,22 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 #   other clients through a transaction pooler; this travels with the statement.
 # - It returns how long each job waited since it came due (run_after: enqueue, schedule or
 #   retry), in database time, for the job_started signal and the wait metrics.
-# - A paused queue (dbqueue_queue, docs/concepts.md#pausing-a-queue) is left out: the test reads
-#   only the queue's name, so it filters the unnest before the lateral scan runs (one primary
-#   key probe per queue), and no row of a paused queue is locked.
+# - A paused queue (dbqueue_queue, docs/concepts.md#pausing-a-queue) is left out before its scan
+#   runs (one primary key probe per queue, in its own MATERIALIZED CTE: left to itself the
+#   planner may run the anti-join after the lateral scan, locking rows of a paused queue).
 CLAIM_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
 ),
+claimable AS MATERIALIZED (
+    SELECT u.name, u.lim
+    FROM unnest(%(queues)s::text[], %(limits)s::int[]) AS u(name, lim)
+    WHERE NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = u.name AND p.paused)
+),
 candidates AS MATERIALIZED (
     SELECT c.id
-    FROM unnest(%(queues)s::text[], %(limits)s::int[]) AS q(name, lim)
+    FROM claimable AS q
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_after
         FROM dbqueue_job AS j
@@ -248,7 +253,6 @@ candidates AS MATERIALIZED (
         LIMIT q.lim
         FOR UPDATE SKIP LOCKED
     ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = q.name AND p.paused)
     ORDER BY c.priority DESC, c.run_after, c.id
     LIMIT %(limit)s
 )

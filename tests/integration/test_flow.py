@@ -249,7 +249,10 @@ def test_unlimited_claim_is_one_statement_and_keeps_its_plan_with_the_pause_filt
     text = json.dumps(plan)
     assert "dbqueue_job_claim_idx" in text
     # the pause probe: an index lookup per queue, joined before the lateral scan of the queue
-    assert '"Relation Name": "dbqueue_queue"' in text and "Anti Join" in text
+    nodes = [(n["Node Type"], n.get("Relation Name")) for n in _walk(plan[0]["Plan"])]
+    # the pause probe runs in its own CTE, before (not after) the queue's lateral scan
+    cte = [n for n in _walk(plan[0]["Plan"]) if n.get("Subplan Name") == "CTE claimable"]
+    assert cte and "dbqueue_queue" in json.dumps(cte), nodes
 
 
 def test_limited_claim_is_one_statement():
@@ -271,3 +274,9 @@ def test_worker_routes_only_limited_configurations_through_the_function(settings
         assert flow.claim_params(get_settings(), ["default"])["t_names"] == ["limited-t"]
     finally:
         registry.unregister("limited-t")
+
+
+def _walk(node):
+    yield node
+    for child in node.get("Plans", []):
+        yield from _walk(child)
