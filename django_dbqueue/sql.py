@@ -681,6 +681,13 @@ SELECT pg_notify(%(channel)s, (
 FROM resumed
 """
 
+# The admin's queue page lists a row per configured queue: create the missing ones, unpaused.
+ENSURE_QUEUES = """
+INSERT INTO dbqueue_queue (name, paused, changed_by)
+SELECT name, false, '' FROM unnest(%(names)s::text[]) AS name
+ON CONFLICT (name) DO NOTHING
+"""
+
 # What the status command and the admin show of each queue's flow: paused or not (with who and
 # when), jobs running now, and per limiter row its rate window (starts in the period, and
 # when the oldest of them leaves it: RATE_WINDOW). Small tables and the running partial index.

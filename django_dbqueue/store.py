@@ -535,6 +535,10 @@ def resume_queue(using, *, name, by, channel):
     _execute(using, sql.RESUME_QUEUE, {"name": name, "by": by, "channel": channel})
 
 
+def ensure_queues(using, names):
+    _execute_no_rows(using, sql.ENSURE_QUEUES, {"names": list(names)})
+
+
 def flow_state(using):
     """``{"queues": {name: (paused, changed_at, changed_by)}, "running_queue": {queue: n},
     "running_type": {type: n}}``."""
