@@ -90,11 +90,13 @@ DECLARE
     rec_scope text[] := '{}'; rec_name text[] := '{}'; rec_part text[] := '{}';
     rec_n int[] := '{}'; rec_period float8[] := '{}';
     part_key text[] := '{}'; part_room int[] := '{}';
+    full_parts text[] := '{}';  -- partitions (part_key entries) with no room left
+    scanned int; grew boolean; pk text;
     reopen timestamptz;
     held boolean := false;
     busy boolean := false;
     c int; r int; ro timestamptz; want int; k int; i int; conc_room int;
-    tp int; qp int; pv text; st timestamptz[];
+    tp int; qp int; st timestamptz[];
     cand record;
     got bigint[];
 BEGIN
@@ -192,78 +194,114 @@ BEGIN
             IF conc_room IS NOT NULL AND cardinality(got) >= conc_room THEN held := true; END IF;
             CONTINUE;
         END IF;
-        -- job by job: types at capacity are left out of the scan; the scan is bounded
-        FOR cand IN
-            SELECT j.id AS jid, j.type::text AS jtype, j.payload AS jpayload
-            FROM dbqueue_job AS j
-            WHERE j.state = 'pending' AND j.queue = p_queues[i] AND j.run_after <= now()
-              AND NOT (j.type = ANY(full_types))
-            ORDER BY j.priority DESC, j.run_after, j.id
-            LIMIT 1000
-        LOOP
-            k := array_position(t_names, cand.jtype);
-            CONTINUE WHEN k IS NOT NULL AND t_room[k] <= 0;
-            tp := NULL;
-            qp := NULL;
-            IF k IS NOT NULL AND t_rate_key[k] IS NOT NULL THEN
-                pv := coalesce(cand.jpayload ->> t_rate_key[k], '');
-                tp := array_position(part_key, 'type' || chr(31) || t_names[k] || chr(31) || pv);
-                IF tp IS NULL THEN
-                    SELECT x.room, x.reopen INTO c, ro
-                    FROM dbqueue_partition_room('type', t_names[k], pv, t_rate_n[k],
-                                                t_rate_period[k]) AS x;
-                    IF c IS NULL THEN busy := true; c := 0;
-                    ELSIF c <= 0 THEN reopen := least(reopen, ro); END IF;
-                    part_key := part_key || ('type' || chr(31) || t_names[k] || chr(31) || pv);
-                    part_room := part_room || greatest(c, 0);
-                    tp := cardinality(part_key);
+        -- job by job. Types and partitions known to be full are left out of the scan, which
+        -- is bounded; when a pass met its bound and found more full ones, the next pass skips
+        -- them too (a partition with a long backlog does not hide the others behind it).
+        FOR pass_no IN 1..5 LOOP
+            scanned := 0;
+            grew := false;
+            FOR cand IN
+                SELECT j.id AS jid, j.type::text AS jtype, j.payload AS jpayload
+                FROM dbqueue_job AS j
+                WHERE j.state = 'pending' AND j.queue = p_queues[i] AND j.run_after <= now()
+                  AND NOT (j.type = ANY(full_types))
+                  AND NOT (cardinality(full_parts) > 0 AND (
+                      'queue' || chr(31) || p_queues[i] || chr(31)
+                          || coalesce(j.payload ->> q_rate_key[i], '') = ANY(full_parts)
+                      OR 'type' || chr(31) || j.type || chr(31) || coalesce(j.payload
+                          ->> t_rate_key[array_position(t_names, j.type::text)], '')
+                          = ANY(full_parts)))
+                ORDER BY j.priority DESC, j.run_after, j.id
+                LIMIT 1000
+            LOOP
+                scanned := scanned + 1;
+                k := array_position(t_names, cand.jtype);
+                CONTINUE WHEN k IS NOT NULL AND t_room[k] <= 0;
+                tp := NULL;
+                qp := NULL;
+                IF k IS NOT NULL AND t_rate_key[k] IS NOT NULL THEN
+                    pk := 'type' || chr(31) || t_names[k] || chr(31)
+                          || coalesce(cand.jpayload ->> t_rate_key[k], '');
+                    tp := array_position(part_key, pk);
+                    IF tp IS NULL THEN
+                        SELECT x.room, x.reopen INTO c, ro
+                        FROM dbqueue_partition_room('type', t_names[k],
+                                                    coalesce(cand.jpayload ->> t_rate_key[k], ''),
+                                                    t_rate_n[k], t_rate_period[k]) AS x;
+                        IF c IS NULL THEN busy := true; c := 0;
+                        ELSIF c <= 0 THEN reopen := least(reopen, ro); END IF;
+                        part_key := part_key || pk;
+                        part_room := part_room || greatest(c, 0);
+                        tp := cardinality(part_key);
+                        IF c <= 0 THEN full_parts := full_parts || pk; grew := true; END IF;
+                    END IF;
+                    CONTINUE WHEN part_room[tp] <= 0;
                 END IF;
-                CONTINUE WHEN part_room[tp] <= 0;
-            END IF;
-            IF q_rate_key[i] IS NOT NULL THEN
-                pv := coalesce(cand.jpayload ->> q_rate_key[i], '');
-                qp := array_position(part_key, 'queue' || chr(31) || p_queues[i] || chr(31) || pv);
-                IF qp IS NULL THEN
-                    SELECT x.room, x.reopen INTO c, ro
-                    FROM dbqueue_partition_room('queue', p_queues[i], pv, q_rate_n[i],
-                                                q_rate_period[i]) AS x;
-                    IF c IS NULL THEN busy := true; c := 0;
-                    ELSIF c <= 0 THEN reopen := least(reopen, ro); END IF;
-                    part_key := part_key || ('queue' || chr(31) || p_queues[i] || chr(31) || pv);
-                    part_room := part_room || greatest(c, 0);
-                    qp := cardinality(part_key);
+                IF q_rate_key[i] IS NOT NULL THEN
+                    pk := 'queue' || chr(31) || p_queues[i] || chr(31)
+                          || coalesce(cand.jpayload ->> q_rate_key[i], '');
+                    qp := array_position(part_key, pk);
+                    IF qp IS NULL THEN
+                        SELECT x.room, x.reopen INTO c, ro
+                        FROM dbqueue_partition_room('queue', p_queues[i],
+                                                    coalesce(cand.jpayload ->> q_rate_key[i], ''),
+                                                    q_rate_n[i], q_rate_period[i]) AS x;
+                        IF c IS NULL THEN busy := true; c := 0;
+                        ELSIF c <= 0 THEN reopen := least(reopen, ro); END IF;
+                        part_key := part_key || pk;
+                        part_room := part_room || greatest(c, 0);
+                        qp := cardinality(part_key);
+                        IF c <= 0 THEN full_parts := full_parts || pk; grew := true; END IF;
+                    END IF;
+                    CONTINUE WHEN part_room[qp] <= 0;
                 END IF;
-                CONTINUE WHEN part_room[qp] <= 0;
-            END IF;
-            PERFORM 1 FROM dbqueue_job AS j
-            WHERE j.id = cand.jid AND j.state = 'pending'
-            FOR UPDATE SKIP LOCKED;
-            CONTINUE WHEN NOT FOUND;
-            picked := picked || cand.jid;
-            remaining := remaining - 1;
-            want := want - 1;
-            IF k IS NOT NULL THEN
-                t_room[k] := t_room[k] - 1;
-                IF t_room[k] = 0 AND t_held[k] THEN held := true; END IF;
-                IF t_rate_n[k] IS NOT NULL THEN
-                    rec_scope := rec_scope || 'type'::text;
-                    rec_name := rec_name || t_names[k];
-                    rec_part := rec_part || CASE WHEN tp IS NULL THEN '' ELSE
-                        coalesce(cand.jpayload ->> t_rate_key[k], '') END;
-                    rec_n := rec_n || t_rate_n[k];
-                    rec_period := rec_period || t_rate_period[k];
+                PERFORM 1 FROM dbqueue_job AS j
+                WHERE j.id = cand.jid AND j.state = 'pending'
+                FOR UPDATE SKIP LOCKED;
+                CONTINUE WHEN NOT FOUND;
+                picked := picked || cand.jid;
+                remaining := remaining - 1;
+                want := want - 1;
+                IF k IS NOT NULL THEN
+                    t_room[k] := t_room[k] - 1;
+                    IF t_room[k] = 0 THEN
+                        full_types := full_types || t_names[k];
+                        IF t_held[k] THEN held := true; END IF;
+                    END IF;
+                    IF t_rate_n[k] IS NOT NULL THEN
+                        rec_scope := rec_scope || 'type'::text;
+                        rec_name := rec_name || t_names[k];
+                        rec_part := rec_part || CASE WHEN tp IS NULL THEN '' ELSE
+                            coalesce(cand.jpayload ->> t_rate_key[k], '') END;
+                        rec_n := rec_n || t_rate_n[k];
+                        rec_period := rec_period || t_rate_period[k];
+                    END IF;
+                    IF tp IS NOT NULL THEN
+                        part_room[tp] := part_room[tp] - 1;
+                        IF part_room[tp] = 0 THEN
+                            full_parts := full_parts || part_key[tp];
+                            grew := true;
+                        END IF;
+                    END IF;
                 END IF;
-                IF tp IS NOT NULL THEN part_room[tp] := part_room[tp] - 1; END IF;
-            END IF;
-            IF q_rate_n[i] IS NOT NULL THEN
-                rec_scope := rec_scope || 'queue'::text;
-                rec_name := rec_name || p_queues[i];
-                rec_part := rec_part || CASE WHEN qp IS NULL THEN '' ELSE pv END;
-                rec_n := rec_n || q_rate_n[i];
-                rec_period := rec_period || q_rate_period[i];
-            END IF;
-            IF qp IS NOT NULL THEN part_room[qp] := part_room[qp] - 1; END IF;
-            EXIT WHEN want <= 0 OR remaining <= 0;
+                IF q_rate_n[i] IS NOT NULL THEN
+                    rec_scope := rec_scope || 'queue'::text;
+                    rec_name := rec_name || p_queues[i];
+                    rec_part := rec_part || CASE WHEN qp IS NULL THEN '' ELSE
+                        coalesce(cand.jpayload ->> q_rate_key[i], '') END;
+                    rec_n := rec_n || q_rate_n[i];
+                    rec_period := rec_period || q_rate_period[i];
+                END IF;
+                IF qp IS NOT NULL THEN
+                    part_room[qp] := part_room[qp] - 1;
+                    IF part_room[qp] = 0 THEN
+                        full_parts := full_parts || part_key[qp];
+                        grew := true;
+                    END IF;
+                END IF;
+                EXIT WHEN want <= 0 OR remaining <= 0;
+            END LOOP;
+            EXIT WHEN want <= 0 OR remaining <= 0 OR scanned < 1000 OR NOT grew;
         END LOOP;
         IF conc_room IS NOT NULL AND want <= 0 THEN held := true; END IF;
     END LOOP;

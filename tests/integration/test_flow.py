@@ -280,3 +280,21 @@ def _walk(node):
     yield node
     for child in node.get("Plans", []):
         yield from _walk(child)
+
+
+def test_a_full_partition_with_a_long_backlog_does_not_hide_the_others():
+    enqueue_many([("noop", {"account_id": 1})] * 1500 + [("noop", {"account_id": 2})] * 3)
+    params = limits(rate={"limit": 2, "period": 60, "key": "account_id"})
+    got = claim(10, params)
+    accounts = sorted(json.loads(r.payload_json)["account_id"] for r in got)
+    assert accounts == [1, 1, 2, 2], accounts
+
+
+def test_keyed_type_rate_limit_and_type_concurrency_together():
+    enqueue_many([("noop", {"k": "a"})] * 5 + [("noop", {"k": "b"})] * 5 + [("echo", {})] * 3)
+    params = limits(types=[("noop", 3, {"limit": 2, "period": 60, "key": "k"})])
+    got = claim(20, params)
+    noops = sorted(json.loads(r.payload_json)["k"] for r in got if r.type == "noop")
+    assert noops == ["a", "a", "b"], noops  # concurrency 3 binds before the b partition's 2nd
+    assert sum(r.type == "echo" for r in got) == 3
+    assert got.held
