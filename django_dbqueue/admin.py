@@ -537,4 +537,5 @@ def _dashboard_context(request):
         "status": sorted(store.status(get_settings().DATABASE, get_settings().QUEUES).items()),
     }
 
+
 from . import queue_admin  # noqa: E402, F401  (registers the queue page: flow control)

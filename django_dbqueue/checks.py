@@ -231,7 +231,9 @@ def _check_type_flow():
                 f"{where}: global_concurrency",
             )
         if t.rate_limit is not None:
-            errors += _flow_error("E012", validation.rate_limit, t.rate_limit, f"{where}: rate_limit")
+            errors += _flow_error(
+                "E012", validation.rate_limit, t.rate_limit, f"{where}: rate_limit"
+            )
     return errors
 
 

@@ -63,7 +63,9 @@ def claim(n, params, worker="w1", using="default"):
 
 
 def running(queue="default"):
-    return scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'running' AND queue = %s", [queue])
+    return scalar(
+        "SELECT count(*) FROM dbqueue_job WHERE state = 'running' AND queue = %s", [queue]
+    )
 
 
 def finish(rows):
@@ -194,9 +196,7 @@ def test_rate_limit_takes_at_most_n_per_period_and_says_when_it_reopens():
 
 def test_keyed_rate_limit_partitions_by_payload_field_and_missing_field_shares_one():
     enqueue_many(
-        [("noop", {"account_id": 1})] * 4
-        + [("noop", {"account_id": "2"})] * 4
-        + [("noop", {})] * 4
+        [("noop", {"account_id": 1})] * 4 + [("noop", {"account_id": "2"})] * 4 + [("noop", {})] * 4
     )
     params = limits(rate={"limit": 2, "period": 60, "key": "account_id"})
     got = claim(20, params)
@@ -241,8 +241,14 @@ def test_unlimited_claim_is_one_statement_and_keeps_its_plan_with_the_pause_filt
         cursor.execute("ANALYZE dbqueue_job")
         cursor.execute(
             "EXPLAIN (FORMAT JSON) " + sql.CLAIM_JOBS,
-            {"worker": "w", "queues": ["default"], "limits": [10], "limit": 10, "token": 1,
-             "commit": None},
+            {
+                "worker": "w",
+                "queues": ["default"],
+                "limits": [10],
+                "limit": 10,
+                "token": 1,
+                "commit": None,
+            },
         )
         plan = cursor.fetchone()[0]
     plan = json.loads(plan) if isinstance(plan, str) else plan

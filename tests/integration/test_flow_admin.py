@@ -57,8 +57,9 @@ def test_queue_page_lists_configured_queues_with_slots_limit_and_rate_window(cli
         "t_rate_period": [],
         "t_rate_key": [],
     }
-    store.claim("default", worker_id="w", queues=["default"], limits=[5], limit=5, token=1,
-                flow=params)
+    store.claim(
+        "default", worker_id="w", queues=["default"], limits=[5], limit=5, token=1, flow=params
+    )
     page = login(client).get(reverse(QUEUES)).content.decode()
     assert "2 / 3" in page  # running / limit
     assert "2 / 60s" in page  # the rate limit
