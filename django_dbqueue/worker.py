@@ -220,6 +220,7 @@ class Worker:
             claimed = self.session.execute(*claim)
         rows = store.claimed_rows(claimed)
         self._held = rows.held
+        self._reopen_at = None
         if rows.reopen_in is not None:
             # A little jitter, so that the fleet's workers do not all come at the same instant.
             self._reopen_at = time.monotonic() + rows.reopen_in + random.uniform(0.0, 0.02)
@@ -424,7 +425,6 @@ class Worker:
                     self._next_poll = time.monotonic() + self.poll_interval
                     if self._reopen_at is not None:
                         self._next_poll = min(self._next_poll, self._reopen_at)
-                        self._reopen_at = None
                 errors = 0
             except DB_ERRORS as exc:
                 errors += 1
@@ -453,8 +453,16 @@ class Worker:
                     break
                 # A burst run ends when a claim that asked for work found none, nothing is in
                 # flight and every outcome is written. (A claim that asked for nothing, because
-                # every slot was busy, proves nothing about the queue.)
-                if self.burst and asked and claimed == 0 and not self.inflight.occupied():
+                # every slot was busy, proves nothing about the queue; nor does one that a
+                # fleet-wide limit held back: it waits for its poll or the window.)
+                if (
+                    self.burst
+                    and asked
+                    and claimed == 0
+                    and not self.inflight.occupied()
+                    and not self._held
+                    and self._reopen_at is None
+                ):
                     if not self.acks.pending():
                         break
                     self._claim_next = True

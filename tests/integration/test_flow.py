@@ -304,3 +304,29 @@ def test_keyed_type_rate_limit_and_type_concurrency_together():
     assert noops == ["a", "a", "b"], noops  # concurrency 3 binds before the b partition's 2nd
     assert sum(r.type == "echo" for r in got) == 3
     assert got.held
+
+
+def test_burst_workers_held_back_by_a_limit_wait_for_their_turn_and_drain_it(settings):
+    from django_dbqueue.worker import Worker
+    from tests.integration.conftest import FAST
+
+    settings.DBQUEUE = {**FAST, "QUEUES": {"default": {"global_concurrency": 2}, "emails": {}}}
+    jobs = [j.id for j in enqueue_many([("sleep", {"seconds": 0.05})] * 12)]
+    workers = [Worker(burst=True, concurrency=4, listen=False) for _ in range(2)]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert (
+        scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'done' AND id = ANY(%s)", [jobs])
+        == 12
+    )
+    started = scalar(
+        "SELECT max(n) FROM (SELECT (SELECT count(*) FROM dbqueue_job AS o WHERE o.id = ANY(%s) "
+        "AND o.started_at <= j.started_at AND o.finished_at > j.started_at) AS n "
+        "FROM dbqueue_job AS j WHERE j.id = ANY(%s)) AS x",
+        [jobs, jobs],
+    )
+    assert started <= 2, started
