@@ -6,7 +6,10 @@
   told to start (Django set up, connections open) until both have exited, every job done.
   Side "unlimited": the queue has no option. Side "limited": ``global_concurrency: 10`` on the
   queue, so the two workers (20 handler threads) share 10 slots through
-  ``dbqueue_claim_limited``. The ratio limited/unlimited is what the limit costs when it binds.
+  ``dbqueue_claim_limited``. Side "capped": no fleet-wide limit, each worker capped at 5 jobs of
+  the queue (the per-worker ``concurrency`` option), so at most 10 are in flight too, through the
+  plain claim. limited/unlimited is what a limit of 10 costs no-op jobs; limited/capped is the
+  part of it due to the fleet-wide machinery rather than to holding only 10 jobs at once.
 - claim: the plain claim's cost (a worker with no limit configured), this branch's
   ``sql.CLAIM_JOBS`` (with the paused-queue probe) against the same statement without it (the
   claim as it was before flow control, kept below as ``CLAIM_BEFORE``): ``--claims`` claims of
@@ -37,7 +40,13 @@ from benchmarks import bench  # noqa: E402
 
 QUEUE = bench.QUEUE
 RESET = "TRUNCATE dbqueue_job, dbqueue_limiter, dbqueue_queue RESTART IDENTITY"
-SIDES = {"unlimited": {}, "limited": {"global_concurrency": 10}}
+# "capped": the same 10 jobs in flight at most, by each worker's own cap (5 + 5) and the plain
+# claim: what holding only 10 at once costs by itself, without the fleet-wide machinery.
+SIDES = {
+    "unlimited": {},
+    "limited": {"global_concurrency": 10},
+    "capped": {"concurrency": 5},
+}
 
 # The claim before flow control (main at 59a697a): sql.CLAIM_JOBS without the claimable CTE.
 CLAIM_BEFORE = """
@@ -210,8 +219,10 @@ def main(argv=None):
                 f"{med['unlimited']:.0f} jobs/s [{min(rates['unlimited']):.0f}-"
                 f"{max(rates['unlimited']):.0f}], limited (global_concurrency 10) "
                 f"{med['limited']:.0f} jobs/s [{min(rates['limited']):.0f}-"
-                f"{max(rates['limited']):.0f}]; limited/unlimited "
-                f"{med['limited'] / med['unlimited']:.2f}"
+                f"{max(rates['limited']):.0f}], capped (5 per worker) {med['capped']:.0f} jobs/s "
+                f"[{min(rates['capped']):.0f}-{max(rates['capped']):.0f}]; limited/unlimited "
+                f"{med['limited'] / med['unlimited']:.2f}, limited/capped "
+                f"{med['limited'] / med['capped']:.2f}"
             )
         if "claim" in only:
             med = {side: statistics.median(v) for side, v in micro.items()}

@@ -350,7 +350,10 @@ BEGIN
         RETURN QUERY SELECT NULL::bigint, CASE WHEN held THEN 'held' END, NULL::text,
             NULL::text, NULL::int, NULL::int, NULL::float8, NULL::text, NULL::smallint,
             NULL::timestamptz,
-            greatest(EXTRACT(EPOCH FROM reopen - now())::float8, 0.001), NULL::text;
+            -- (greatest() ignores a NULL: no reopening must stay NULL, not become 1 ms)
+            CASE WHEN reopen IS NOT NULL
+                 THEN greatest(EXTRACT(EPOCH FROM reopen - now())::float8, 0.001) END,
+            NULL::text;
     END IF;
 END
 $fn$;

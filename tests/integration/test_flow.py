@@ -80,6 +80,7 @@ def test_queue_concurrency_limit_caps_running_jobs_and_says_it_held_the_claim():
     enqueue_many([("noop", {})] * 10)
     first = claim(4, limits(queue_conc=3))
     assert len(first) == 3 and first.held
+    assert first.reopen_in is None  # no rate limit: nothing to wait for but a slot
     assert len(claim(4, limits(queue_conc=3), worker="w2")) == 0
     finish(first[:2])
     again = claim(10, limits(queue_conc=3), worker="w2")
