@@ -331,3 +331,30 @@ def test_burst_workers_held_back_by_a_limit_wait_for_their_turn_and_drain_it(set
         [jobs, jobs],
     )
     assert started <= 2, started
+
+
+def test_running_counts_read_the_running_index_not_the_history():
+    """The limited claim counts running jobs per queue and per type (migration 0010): with 50,000
+    finished rows, both counts are index scans of the running jobs' partial index."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+                max_attempts, lease_seconds, errors, created_at, finished_at)
+            SELECT 'noop', 'default', '{}', 'done', 0, now(), 1, 10, 60, '[]', now(), now()
+            FROM generate_series(1, 50000)
+            """
+        )
+        cursor.execute("ANALYZE dbqueue_job")
+        for column in ("queue", "type"):
+            cursor.execute(
+                "EXPLAIN (FORMAT JSON) SELECT count(*) FROM dbqueue_job AS j "
+                f"WHERE j.state = 'running' AND j.{column} = %s",
+                ["default" if column == "queue" else "noop"],
+            )
+            plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            scans = [
+                n.get("Index Name") for n in _walk(plan[0]["Plan"]) if "Scan" in n["Node Type"]
+            ]
+            assert scans == ["dbqueue_job_lease_idx"], scans
