@@ -136,7 +136,16 @@ def test_two_claimers_serialise_on_the_limiter_and_the_second_sees_the_first():
         ).fetchall()
         assert len([r for r in first if r[0] is not None]) == 5  # not committed yet
         result = {}
-        second = threading.Thread(target=lambda: result.setdefault("rows", claim(5, params)))
+
+        def second_claim():
+            from django.db import connections
+
+            try:
+                result["rows"] = claim(5, params)
+            finally:
+                connections.close_all()
+
+        second = threading.Thread(target=second_claim)
         second.start()
         second.join(0.5)
         assert second.is_alive(), "the second claim did not wait for the limiter lock"
