@@ -19,6 +19,7 @@ from .exceptions import (
     UnknownJobType,
     UnsupportedDatabase,
 )
+from .flow import UnknownQueue, pause_queue, resume_queue
 from .registry import job
 from .workflow import Workflow, WorkflowJob, chain, group, workflow
 
@@ -38,6 +39,7 @@ __all__ = [
     "PayloadError",
     "RetryJob",
     "UnknownJobType",
+    "UnknownQueue",
     "UnsupportedDatabase",
     "Workflow",
     "WorkflowJob",
@@ -49,6 +51,8 @@ __all__ = [
     "enqueue_many",
     "group",
     "job",
+    "pause_queue",
+    "resume_queue",
     "settle_delivery",
     "workflow",
 ]

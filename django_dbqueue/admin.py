@@ -563,3 +563,6 @@ def _dashboard_context(request):
         "step_minutes": data.step // 60,
         "status": sorted(store.status(get_settings().DATABASE, get_settings().QUEUES).items()),
     }
+
+
+from . import queue_admin  # noqa: E402, F401  (registers the queue page: flow control)

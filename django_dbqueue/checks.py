@@ -12,6 +12,10 @@ Ids are stable and listed in docs/checks.md:
 - ``dbqueue.E008`` a schedule entry's cron expression or interval is malformed.
 - ``dbqueue.E009`` a ``TASKS`` backend lists a queue that is not in ``QUEUES``.
 - ``dbqueue.E010`` a schedule entry is otherwise invalid (unknown key, payload, queue, ...).
+- ``dbqueue.E011`` a queue's flow-control option (``global_concurrency``, ``rate_limit``) is
+  invalid: not an integer >= 1, a malformed rate limit, a key that is not a payload field name.
+- ``dbqueue.E012`` a job type's ``global_concurrency`` or ``rate_limit`` is invalid (a type
+  registered without ``@job``, which validates them when it is applied).
 - ``dbqueue.W001`` a lease shorter than two heartbeat intervals: one late heartbeat loses it.
 - ``dbqueue.W002`` an atomic job type with no timeout, or a long one: its transaction stays open
   for the whole run, holding locks and holding back vacuum.
@@ -31,6 +35,7 @@ from django.db import connections
 from . import registry, store, validation
 from .conf import DEFAULTS, SETTING_NAME, Settings, get_settings
 from .connections import DB_ERRORS
+from .flow import QUEUE_OPTIONS
 
 
 def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=False):
@@ -174,14 +179,21 @@ def _check_queues(queues):
             )
             continue
         for key, value in options.items():
-            if key != "concurrency":
+            label = f"{SETTING_NAME}['QUEUES'][{name!r}][{key!r}]"
+            if key not in QUEUE_OPTIONS:
+                close = difflib.get_close_matches(str(key), QUEUE_OPTIONS, n=1)
                 errors.append(
                     _error(
                         "E002",
                         f"{SETTING_NAME}['QUEUES'][{name!r}] has an unknown option {key!r}.",
-                        hint="The only queue option is 'concurrency'.",
+                        hint=(f"Did you mean {close[0]!r}? " if close else "")
+                        + f"Queue options: {', '.join(QUEUE_OPTIONS)}.",
                     )
                 )
+            elif key == "global_concurrency":
+                errors.extend(_flow_error("E011", validation.concurrency_limit, value, label))
+            elif key == "rate_limit":
+                errors.extend(_flow_error("E011", validation.rate_limit, value, label))
             elif not _number(value, minimum=1, integer=True, allow_none=True):
                 errors.append(
                     _error(
@@ -189,6 +201,39 @@ def _check_queues(queues):
                         f"{SETTING_NAME}['QUEUES'][{name!r}]['concurrency'] must be an integer >= 1 or None, got {value!r}.",
                     )
                 )
+    return errors
+
+
+def _flow_error(id_, validator, value, label):
+    try:
+        validator(value, label)
+    except ValueError as exc:
+        return [
+            _error(
+                id_,
+                f"{exc}.",
+                hint='For example "global_concurrency": 5, or "rate_limit": {"limit": 100, '
+                '"period": 60, "key": "account_id"} (docs/concepts.md#flow-control).',
+            )
+        ]
+    return []
+
+
+def _check_type_flow():
+    errors = []
+    for t in registry.all_types().values():
+        where = f"job type {t.name!r} ({t.location})"
+        if t.global_concurrency is not None:
+            errors += _flow_error(
+                "E012",
+                validation.concurrency_limit,
+                t.global_concurrency,
+                f"{where}: global_concurrency",
+            )
+        if t.rate_limit is not None:
+            errors += _flow_error(
+                "E012", validation.rate_limit, t.rate_limit, f"{where}: rate_limit"
+            )
     return errors
 
 
@@ -258,6 +303,7 @@ def check_settings(app_configs=None, **kwargs):
                 )
             )
     errors.extend(_check_atomic_timeouts())
+    errors.extend(_check_type_flow())
     errors.extend(_check_schedule(conf))
     errors.extend(_check_database(conf))
     return errors

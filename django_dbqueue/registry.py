@@ -30,6 +30,8 @@ class JobType:
     priority: int = 0
     atomic: bool = False
     is_async: bool = False
+    global_concurrency: int | None = None  # jobs of this type running at once, fleet-wide
+    rate_limit: dict | None = None  # {"limit", "period", "key"}: starts per period, fleet-wide
 
     @property
     def location(self):
@@ -100,7 +102,9 @@ def name_sig(func, sig):
     return f"{getattr(func, '__name__', func)}{sig}"
 
 
-def _validate_options(name, queue, max_attempts, lease, backoff, timeout, priority):
+def _validate_options(
+    name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
+):
     error = JobRegistrationError
     validation.type_name(name, "@job type name", error=error)
     where = f"@job({name!r})"
@@ -123,6 +127,13 @@ def _validate_options(name, queue, max_attempts, lease, backoff, timeout, priori
             f"{where}: backoff must be callable (attempt -> seconds), e.g. Backoff(base=5), got {backoff!r}"
         )
     validation.priority(priority, f"{where}: priority", error=error)
+    if global_concurrency is not None:
+        validation.concurrency_limit(
+            global_concurrency, f"{where}: global_concurrency", error=error
+        )
+    if rate_limit is not None:
+        return validation.rate_limit(rate_limit, f"{where}: rate_limit", error=error)
+    return None
 
 
 def job(
@@ -135,6 +146,8 @@ def job(
     timeout=None,
     priority=0,
     atomic=False,
+    global_concurrency=None,
+    rate_limit=None,
 ):
     """Register the decorated function as the handler of job type ``name``.
 
@@ -143,12 +156,17 @@ def job(
     it without a heartbeat (``LEASE``). ``backoff``: ``attempt -> seconds`` retry schedule, such as
     ``Backoff(base=5, cap=600)``. ``timeout``: seconds after which the worker gives the run up and
     retries it. ``priority``: default priority, -100..100, higher first. ``atomic``: run the
-    handler and the job's completion in one transaction.
+    handler and the job's completion in one transaction. ``global_concurrency``: at most this
+    many jobs of the type run at once across every worker. ``rate_limit``: at most
+    ``{"limit": N, "period": seconds}`` starts of the type per period across every worker,
+    per value of the payload field ``"key"`` when given (docs/concepts.md#flow-control).
 
     The handler takes one argument, the :class:`~django_dbqueue.JobContext`. ``async def``
     handlers are supported.
     """
-    _validate_options(name, queue, max_attempts, lease, backoff, timeout, priority)
+    rate_limit = _validate_options(
+        name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
+    )
 
     def decorator(func):
         _check_signature(name, func)
@@ -174,6 +192,8 @@ def job(
                 priority=priority,
                 atomic=bool(atomic),
                 is_async=is_async,
+                global_concurrency=global_concurrency,
+                rate_limit=rate_limit,
             )
         )
         return func

@@ -238,14 +238,22 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 #   was claimed). The client decodes a whole batch with one json.loads instead of twelve typed
 #   values per job: with psycopg's pure-Python build that per-value decoding was most of the
 #   claim loop's CPU (the payload arrives decoded along with the rest).
+# - A paused queue (dbqueue_queue, docs/concepts.md#pausing-a-queue) is left out before its scan
+#   runs (one primary key probe per queue, in its own MATERIALIZED CTE: left to itself the
+#   planner may run the anti-join after the lateral scan, locking rows of a paused queue).
 CLAIM_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
 ),
+claimable AS MATERIALIZED (
+    SELECT u.name, u.lim
+    FROM unnest(%(queues)s::text[], %(limits)s::int[]) AS u(name, lim)
+    WHERE NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = u.name AND p.paused)
+),
 candidates AS MATERIALIZED (
     SELECT c.id
-    FROM unnest(%(queues)s::text[], %(limits)s::int[]) AS q(name, lim)
+    FROM claimable AS q
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_after
         FROM dbqueue_job AS j
@@ -276,6 +284,27 @@ SELECT json_agg(json_build_array(id, type, queue, payload, attempts, max_attempt
                                  traceparent)
                 ORDER BY priority DESC, run_after, id)::text
 FROM claimed
+"""
+
+# The claim of a worker with a fleet-wide concurrency or rate limit configured: still one
+# statement, around dbqueue_claim_limited() (migration 0010 says why it is a function: the
+# counts must be read after the limiter locks, with a newer snapshot than this statement's).
+# Same columns as CLAIM_JOBS; after the jobs, at most one row with a NULL id that says what
+# held the claim back (see store.claimed_rows). Parameters as CLAIM_JOBS, plus per queue its
+# fleet-wide concurrency and rate limit (NULL: none) and the limited types with theirs.
+CLAIM_LIMITED = """
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+)
+SELECT f.*
+FROM commit_mode,
+     dbqueue_claim_limited(
+         %(queues)s::text[], %(limits)s::int[], %(limit)s, %(worker)s, %(token)s,
+         %(q_conc)s::int[], %(q_rate_n)s::int[], %(q_rate_period)s::float8[],
+         %(q_rate_key)s::text[], %(t_names)s::text[], %(t_conc)s::int[], %(t_rate_n)s::int[],
+         %(t_rate_period)s::float8[], %(t_rate_key)s::text[]
+     ) AS f
 """
 
 # Batched acknowledgement of successes. Fenced by (id, lease token) and state: a worker whose
@@ -704,6 +733,65 @@ UNION ALL
 SELECT queue, 'waiting', count(*), 0, NULL, 0
 FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
 ORDER BY 1, 2
+"""
+
+# Flow control ----------------------------------------------------------------------------------
+# Pause or resume a queue for the whole fleet: the claims read dbqueue_queue (CLAIM_JOBS,
+# dbqueue_claim_limited). A resume also wakes the queue's workers, in the same transaction
+# (delivered at its commit; an operator action, not a hot path): payload "<count>:<queue>" as
+# wakeup.payload builds it, counting the due jobs up to a bound, so a group wakes as many
+# workers as there are jobs.
+PAUSE_QUEUE = """
+INSERT INTO dbqueue_queue (name, paused, changed_at, changed_by)
+VALUES (%(name)s, true, now(), %(by)s)
+ON CONFLICT (name) DO UPDATE
+    SET paused = true, changed_at = now(), changed_by = EXCLUDED.changed_by
+RETURNING paused
+"""
+
+RESUME_QUEUE = """
+WITH resumed AS (
+    INSERT INTO dbqueue_queue (name, paused, changed_at, changed_by)
+    VALUES (%(name)s, false, now(), %(by)s)
+    ON CONFLICT (name) DO UPDATE
+        SET paused = false, changed_at = now(), changed_by = EXCLUDED.changed_by
+    RETURNING name
+)
+SELECT pg_notify(%(channel)s, (
+           SELECT count(*) FROM (SELECT 1 FROM dbqueue_job
+                                 WHERE state = 'pending' AND queue = %(name)s
+                                   AND run_after <= now() LIMIT 1000) AS due
+       ) || ':' || name)
+FROM resumed
+"""
+
+# The admin's queue page lists a row per configured queue: create the missing ones, unpaused.
+ENSURE_QUEUES = """
+INSERT INTO dbqueue_queue (name, paused, changed_by)
+SELECT name, false, '' FROM unnest(%(names)s::text[]) AS name
+ON CONFLICT (name) DO NOTHING
+"""
+
+# What the status command and the admin show of each queue's flow: paused or not (with who and
+# when), jobs running now, and per limiter row its rate window (starts in the period, and
+# when the oldest of them leaves it: RATE_WINDOW). Small tables and the running partial index.
+FLOW_STATE = """
+SELECT 'queue', q.name, q.paused::int, q.changed_at, q.changed_by, NULL::float8
+FROM dbqueue_queue AS q
+UNION ALL
+SELECT 'running-queue', queue, count(*)::int, NULL, NULL, NULL
+FROM dbqueue_job WHERE state = 'running' GROUP BY queue
+UNION ALL
+SELECT 'running-type', type, count(*)::int, NULL, NULL, NULL
+FROM dbqueue_job WHERE state = 'running' GROUP BY type
+"""
+
+# One rate window: the starts within %(period)s seconds and when the window has room again
+# (NULL when it has room now). Served by the limiter's unique key.
+RATE_WINDOW = """
+SELECT x.room, x.reopen
+FROM dbqueue_limiter AS l, dbqueue_rate_room(l.starts, %(limit)s, %(period)s) AS x
+WHERE l.scope = %(scope)s AND l.name = %(name)s AND l.part = %(part)s
 """
 
 # Metrics ---------------------------------------------------------------------------------------

@@ -224,9 +224,10 @@ def _commit(async_commit):
     return "off" if async_commit else None
 
 
-def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False):
+def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False, flow=None):
     """Claim up to ``limit`` due jobs from ``queues`` (``limits``: the cap of each queue) under
-    lease ``token`` (see :func:`new_token`)."""
+    lease ``token`` (see :func:`new_token`). ``flow``: the fleet-wide limits
+    (``flow.claim_params``), or ``None`` for the plain claim."""
     statement = claim_statement(
         worker_id=worker_id,
         queues=queues,
@@ -234,11 +235,12 @@ def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False)
         limit=limit,
         token=token,
         async_commit=async_commit,
+        flow=flow,
     )
     return claimed_rows(_execute(using, *statement))
 
 
-def claim_statement(*, worker_id, queues, limits, limit, token, async_commit=False):
+def claim_statement(*, worker_id, queues, limits, limit, token, async_commit=False, flow=None):
     """:func:`claim`'s statement and parameters, for a Session's ``execute_pipelined``."""
     params = {
         "worker": worker_id,
@@ -248,19 +250,40 @@ def claim_statement(*, worker_id, queues, limits, limit, token, async_commit=Fal
         "token": token,
         "commit": _commit(async_commit),
     }
-    return sql.CLAIM_JOBS, params
+    if flow is None:
+        return sql.CLAIM_JOBS, params
+    return sql.CLAIM_LIMITED, {**params, **flow}
+
+
+class ClaimedRows(list):
+    """The claimed jobs, and what held a limited claim back: ``held`` (a concurrency limit is
+    full) and ``reopen_in`` (seconds until a rate window has room; ``None``: no rate limit
+    held it back)."""
+
+    held = False
+    reopen_in = None
 
 
 def claimed_rows(rows):
-    """The claim's one value (a JSON array of one array per job, or NULL) as ClaimedRows."""
-    batch = rows[0][0] if rows else None
-    if batch is None:
-        return []
-    claimed = []
-    for item in json.loads(batch):
-        item[6] = float(item[6])  # lease_seconds: JSON writes 60.0 as 60
-        item[9] = datetime.datetime.fromisoformat(item[9]).astimezone(datetime.UTC)  # created_at
-        claimed.append(ClaimedRow(*item))
+    """The claimed jobs as ClaimedRows. sql.CLAIM_JOBS returns one value, a JSON array of one
+    array per job (or NULL); sql.CLAIM_LIMITED typed rows (the payload as text), then one
+    closing row saying what held the claim back."""
+    claimed = ClaimedRows()
+    if rows and len(rows[0]) == 1:
+        batch = rows[0][0]
+        for item in json.loads(batch) if batch is not None else ():
+            item[6] = float(item[6])  # lease_seconds: JSON writes 60.0 as 60
+            item[9] = datetime.datetime.fromisoformat(item[9]).astimezone(datetime.UTC)
+            claimed.append(ClaimedRow(*item))
+        return claimed
+    for row in rows:
+        if row[0] is None:  # sql.CLAIM_LIMITED's closing row
+            claimed.held = row[1] == "held"
+            claimed.reopen_in = row[10]
+        else:
+            row = list(row)
+            row[3] = json.loads(row[3])  # payload
+            claimed.append(ClaimedRow(*row))
     return claimed
 
 
@@ -650,3 +673,41 @@ def dashboard_depth(using, *, since, step):
 def dashboard_workers(using, *, limit=200):
     """``[(worker_id, [queues], jobs, stuck, heartbeat_age_seconds), ...]``, by worker id."""
     return _execute(using, sql.DASHBOARD_WORKERS, {"limit": limit})
+
+
+# Flow control (flow.py) ---------------------------------------------------------------------------
+
+
+def pause_queue(using, *, name, by):
+    _execute(using, sql.PAUSE_QUEUE, {"name": name, "by": by})
+
+
+def resume_queue(using, *, name, by, channel):
+    """Resume and wake the queue's workers (at the commit of the caller's transaction)."""
+    _execute(using, sql.RESUME_QUEUE, {"name": name, "by": by, "channel": channel})
+
+
+def ensure_queues(using, names):
+    _execute_no_rows(using, sql.ENSURE_QUEUES, {"names": list(names)})
+
+
+def flow_state(using):
+    """``{"queues": {name: (paused, changed_at, changed_by)}, "running_queue": {queue: n},
+    "running_type": {type: n}}``."""
+    state = {"queues": {}, "running_queue": {}, "running_type": {}}
+    for kind, name, value, changed_at, changed_by, _ in _execute(using, sql.FLOW_STATE, {}):
+        if kind == "queue":
+            state["queues"][name] = (bool(value), changed_at, changed_by or "")
+        elif kind == "running-queue":
+            state["running_queue"][name] = value
+        elif kind == "running-type":
+            state["running_type"][name] = value
+    return state
+
+
+def rate_window(using, *, scope, name, part, limit, period):
+    """When the rate window of a limiter row has room again (database time), or ``None`` when
+    it has room now (or has no row yet)."""
+    params = {"scope": scope, "name": name, "part": part, "limit": limit, "period": period}
+    rows = _execute(using, sql.RATE_WINDOW, params)
+    return rows[0][1] if rows and rows[0][0] <= 0 else None

@@ -140,3 +140,56 @@ def seconds(
 
 def _plain(number):
     return str(int(number)) if float(number).is_integer() else f"{number:g}"
+
+
+# Flow control (docs/concepts.md#flow-control): a QUEUES option or an @job keyword.
+RATE_LIMIT_KEYS = ("limit", "period", "key")
+MAX_RATE_KEY = 63  # a payload field name: a short identifier, as a column name would be
+
+
+def concurrency_limit(value, label="global_concurrency", error=ValueError):
+    """A fleet-wide number of jobs running at once: an integer of at least 1."""
+    return integer(value, label, minimum=1, error=error)
+
+
+def rate_key(value, label, error=ValueError):
+    """A top-level payload field name: letters, digits and underscores, not starting with a
+    digit (``account_id``), of at most 63 characters."""
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > MAX_RATE_KEY
+        or not value.isascii()
+        or not (value.replace("_", "a").isalnum() and not value[0].isdigit())
+    ):
+        raise error(
+            f"{label} must be a payload field name (letters, digits and _, not starting with a "
+            f"digit, at most {MAX_RATE_KEY} characters), got {shown(value)}"
+        )
+    return value
+
+
+def rate_limit(value, label="rate_limit", error=ValueError):
+    """``{"limit": N, "period": seconds, "key": field or None}``: at most N starts in any
+    period-long window, per value of the payload field ``key`` when given. Returned normalised
+    (every key present, the period a float)."""
+    if not isinstance(value, dict):
+        raise error(
+            f'{label} must be a dict like {{"limit": 100, "period": 60, "key": "account_id"}} '
+            f"(key optional), got {shown(value)}"
+        )
+    unknown = [k for k in value if k not in RATE_LIMIT_KEYS]
+    if unknown:
+        raise error(
+            f"{label} has unknown key(s) {', '.join(map(shown, unknown))}; "
+            f"its keys are {', '.join(RATE_LIMIT_KEYS)}"
+        )
+    for required in ("limit", "period"):
+        if required not in value:
+            raise error(f"{label} needs {required!r}, got {shown(value)}")
+    limit = integer(value["limit"], f"{label}['limit']", minimum=1, error=error)
+    period = seconds(value["period"], f"{label}['period']", positive=True, error=error)
+    key = value.get("key")
+    if key is not None:
+        rate_key(key, f"{label}['key']", error=error)
+    return {"limit": limit, "period": period, "key": key}

@@ -19,13 +19,14 @@ up (too many hung handler threads, a helper thread died) so that its supervisor 
 
 import logging
 import os
+import random
 import secrets
 import signal
 import socket
 import threading
 import time
 
-from . import registry, signals, store
+from . import flow, registry, signals, store
 from .acks import Acknowledger
 from .conf import get_settings
 from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session, reset_connection
@@ -95,6 +96,12 @@ class Worker:
             for name in self.queues
         ]
         self.async_commit = conf.ASYNC_COMMIT
+        # Fleet-wide limits (flow.py): None runs the plain claim. A limited claim says what held
+        # it back: a full concurrency limit (claim again when one of our jobs ends) or a rate
+        # window (claim again when it reopens, not at every poll).
+        self.flow = flow.claim_params(conf, self.queues)
+        self._held = False
+        self._reopen_at = None
         self.stopping = threading.Event()  # no more claims
         self.stopped = threading.Event()  # helper threads may exit
         self._wakeup = threading.Event()
@@ -192,6 +199,7 @@ class Worker:
             limit=asked,
             token=token,
             async_commit=self.async_commit,
+            flow=self.flow,
         )
         if done:
             try:
@@ -211,6 +219,11 @@ class Worker:
         else:
             claimed = self.session.execute(*claim)
         rows = store.claimed_rows(claimed)
+        self._held = rows.held
+        self._reopen_at = None
+        if rows.reopen_in is not None:
+            # A little jitter, so that the fleet's workers do not all come at the same instant.
+            self._reopen_at = time.monotonic() + rows.reopen_in + random.uniform(0.0, 0.02)
         self.claims += 1
         if not rows:
             self.empty_claims += 1
@@ -285,7 +298,11 @@ class Worker:
         # burst run, when the worker went idle: it ends on an empty claim). Waking on every
         # finish would claim one job at a time; after a claim that came back short, the queue
         # was empty then and a new job announces itself.
-        if (self._want_capacity and free >= self._min_batch) or (self.burst and not occupied):
+        if (
+            (self._want_capacity and free >= self._min_batch)
+            or (self.burst and not occupied)
+            or self._held  # a fleet-wide limit was full: this job's slot may be ours again
+        ):
             self._claim_next = True
             self._wakeup.set()
 
@@ -372,6 +389,7 @@ class Worker:
             from .tasks import discover_tasks
 
             discover_tasks()  # import every app's tasks.py, so @task functions are known
+            self.flow = flow.claim_params(self.conf, self.queues)
         self.pool.start()
         if self.waker is not None:
             self.waker.start(self._on_notify, self.stopped, on_crash=self.fatal)
@@ -429,6 +447,8 @@ class Worker:
                     self._claim_next = False
                     claimed, asked = self.run_once(done)
                     self._next_poll = time.monotonic() + self.poll_interval
+                    if self._reopen_at is not None:
+                        self._next_poll = min(self._next_poll, self._reopen_at)
                 errors = 0
             except DB_ERRORS as exc:
                 errors += 1
@@ -457,8 +477,16 @@ class Worker:
                     break
                 # A burst run ends when a claim that asked for work found none, nothing is in
                 # flight and every outcome is written. (A claim that asked for nothing, because
-                # every slot was busy, proves nothing about the queue.)
-                if self.burst and asked and claimed == 0 and not self.inflight.occupied():
+                # every slot was busy, proves nothing about the queue; nor does one that a
+                # fleet-wide limit held back: it waits for its poll or the window.)
+                if (
+                    self.burst
+                    and asked
+                    and claimed == 0
+                    and not self.inflight.occupied()
+                    and not self._held
+                    and self._reopen_at is None
+                ):
                     if not self.acks.pending():
                         break
                     self._claim_next = True

@@ -2,9 +2,10 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from django_dbqueue import scheduler, store
+from django_dbqueue import flow, scheduler, store
 from django_dbqueue.conf import get_settings
 from django_dbqueue.management.arguments import positive_seconds, whole_number
+from django_dbqueue.management.commands.jobqueue_queue import flow_lines
 from django_dbqueue.management.preflight import queue_database
 
 
@@ -68,8 +69,31 @@ class Command(BaseCommand):
             }
             for name, last, nxt in scheduler.status(using)
         ]
+        flows = flow.queue_flows(using)
+        types = flow.type_flows(using)
         if options["json"]:
             report = {
+                "flow": {
+                    "queues": {
+                        q.name: {
+                            "paused": q.paused,
+                            "running": q.running,
+                            "global_concurrency": q.global_concurrency,
+                            "rate_limit": q.rate_limit,
+                            "rate_reopens_at": q.rate_reopens_at and q.rate_reopens_at.isoformat(),
+                        }
+                        for q in flows
+                    },
+                    "types": {
+                        name: {
+                            "running": running,
+                            "global_concurrency": conc,
+                            "rate_limit": rate,
+                            "rate_reopens_at": reopens and reopens.isoformat(),
+                        }
+                        for name, running, conc, rate, reopens in types
+                    },
+                },
                 "queues": per_queue,
                 "totals": totals,
                 "schedules": schedule_rows,
@@ -78,6 +102,17 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
         else:
             self._table(per_queue, totals)
+            for q in flows:
+                if q.paused or q.global_concurrency is not None or q.rate_limit is not None:
+                    self.stdout.write("flow " + next(flow_lines([q])))
+            for name, running, conc, rate, reopens in types:
+                limit = "" if conc is None else f"/{conc}"
+                line = f"flow type {name}: running {running}{limit}"
+                if rate is not None:
+                    line += f", rate {rate['limit']}/{rate['period']:g}s"
+                if reopens is not None:
+                    line += f", window reopens {reopens.isoformat()}"
+                self.stdout.write(line)
             for row in schedule_rows:
                 self.stdout.write(
                     f"schedule {row['name']}: last tick {row['last_tick'] or 'never'}, "
