@@ -30,6 +30,10 @@ class JobType:
     priority: int = 0
     atomic: bool = False
     is_async: bool = False
+    # Flow control (docs/concepts.md): callables of the payload, called at enqueue.
+    unique_key: Any = None
+    unique_while: str | None = None
+    serial_key: Any = None
 
     @property
     def location(self):
@@ -100,6 +104,20 @@ def name_sig(func, sig):
     return f"{getattr(func, '__name__', func)}{sig}"
 
 
+def _validate_flow_options(where, unique_key, unique_while, serial_key):
+    error = JobRegistrationError
+    for label, value in (("unique_key", unique_key), ("serial_key", serial_key)):
+        if value is not None and not callable(value):
+            raise error(
+                f"{where}: {label} must be a callable of the payload returning a str or int "
+                f"(e.g. lambda payload: payload['account_id']), got {validation.shown(value)}"
+            )
+    if unique_while is not None:
+        validation.unique_while(unique_while, f"{where}: unique_while", error=error)
+        if unique_key is None:
+            raise error(f"{where}: unique_while={unique_while!r} needs unique_key=")
+
+
 def _validate_options(name, queue, max_attempts, lease, backoff, timeout, priority):
     error = JobRegistrationError
     validation.type_name(name, "@job type name", error=error)
@@ -135,6 +153,9 @@ def job(
     timeout=None,
     priority=0,
     atomic=False,
+    unique_key=None,
+    unique_while=None,
+    serial_key=None,
 ):
     """Register the decorated function as the handler of job type ``name``.
 
@@ -145,10 +166,17 @@ def job(
     retries it. ``priority``: default priority, -100..100, higher first. ``atomic``: run the
     handler and the job's completion in one transaction.
 
+    Flow control (docs/concepts.md), each a callable of the payload called at enqueue and
+    returning a str, an int or ``None`` (no key for that job): ``unique_key``, with
+    ``unique_while`` (``"pending"`` or ``"active"``, the default) makes a second enqueue while
+    one job of the key is live return that job; ``serial_key`` runs the jobs of a key one at a
+    time, in enqueue order. ``enqueue()``'s own arguments override them.
+
     The handler takes one argument, the :class:`~django_dbqueue.JobContext`. ``async def``
     handlers are supported.
     """
     _validate_options(name, queue, max_attempts, lease, backoff, timeout, priority)
+    _validate_flow_options(f"@job({name!r})", unique_key, unique_while, serial_key)
 
     def decorator(func):
         _check_signature(name, func)
@@ -174,6 +202,9 @@ def job(
                 priority=priority,
                 atomic=bool(atomic),
                 is_async=is_async,
+                unique_key=unique_key,
+                unique_while=unique_while,
+                serial_key=serial_key,
             )
         )
         return func
