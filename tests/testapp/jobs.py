@@ -147,13 +147,19 @@ def collect_atomic(ctx):
 # Flow control (docs/concepts.md): @job defaults computed from the payload at enqueue.
 @job("serial-record", serial_key=lambda payload: payload.get("account"))
 def serial_record(ctx):
-    """Record (key, start, end) of each run in testapp_serial_run (created by the test that
-    uses it), sleeping ``sleep`` seconds in between: how tests see runs of one key overlap."""
+    """Record (key, start, end) of each run in testapp_serial_run, sleeping ``sleep`` seconds
+    in between: how tests see whether runs of one key overlap. The key recorded is the
+    payload's ``label`` or else its ``account``."""
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO testapp_serial_run (job_id, attempt, key, pid, started) "
             "VALUES (%s, %s, %s, %s, clock_timestamp()) RETURNING id",
-            [ctx.id, ctx.attempt, str(ctx.payload.get("account")), os.getpid()],
+            [
+                ctx.id,
+                ctx.attempt,
+                str(ctx.payload.get("label", ctx.payload.get("account"))),
+                os.getpid(),
+            ],
         )
         run_id = cursor.fetchone()[0]
     time.sleep(ctx.payload.get("sleep", 0))
