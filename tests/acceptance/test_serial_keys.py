@@ -5,6 +5,7 @@ alongside. The killed worker's job keeps its key until its lease expires and the
 it back; it then runs again before any newer job of its key.
 """
 
+import itertools
 import os
 import signal
 import time
@@ -72,9 +73,7 @@ def test_serial_keys_never_overlap_and_keep_enqueue_order_through_a_sigkill(star
         assert completed == sorted(set(completed)) and len(completed) == PER_KEY, (key, completed)
         # No overlap: each run ended before the next of its key started; a run cut short by the
         # kill ended at the kill at the latest, and its key stayed held until its lease expired.
-        for (_, _, finished, _), (next_id, next_start, _, _) in zip(
-            key_runs, key_runs[1:], strict=False
-        ):
+        for (_, _, finished, _), (next_id, next_start, _, _) in itertools.pairwise(key_runs):
             end = finished if finished is not None else killed_at
             assert end <= next_start, (key, next_id)
     # Other keys ran alongside each other: the fleet was not serialised as a whole.
@@ -124,7 +123,7 @@ def test_unique_while_active_never_runs_two_jobs_of_a_key_at_once(start_worker, 
     wait_all_in_state(created, "done", timeout=20)
     runs = rows("SELECT job_id, started, finished FROM testapp_serial_run ORDER BY started")
     assert sorted(job_id for job_id, _, _ in runs) == created  # each ran once
-    for (_, _, finished), (job_id, started, _) in zip(runs, runs[1:], strict=False):
+    for (_, _, finished), (job_id, started, _) in itertools.pairwise(runs):
         assert finished <= started, job_id
     for worker in workers:
         worker.assert_alive()
