@@ -402,3 +402,57 @@ def _nodes(node):
     yield node
     for child in node.get("Plans", ()):
         yield from _nodes(child)
+
+
+# Admin and command ---------------------------------------------------------------------------
+
+
+def test_admin_shows_filters_and_searches_the_keys(client):
+    from django.contrib.auth.models import User
+    from django.urls import reverse
+
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    unique = enqueue("record", unique_key="invoice:9", unique_while="pending")
+    serial = enqueue("record", serial_key="acct-3")
+    plain = enqueue("record")
+    url = reverse("admin:django_dbqueue_backgroundjob_changelist")
+    ids = lambda params: [o.id for o in client.get(url, params).context["cl"].result_list]  # noqa: E731
+    assert ids({"flow": "unique"}) == [unique.id]
+    assert ids({"flow": "serial"}) == [serial.id]
+    assert ids({"q": "invoice:9"}) == [unique.id]
+    assert ids({"q": "acct-3"}) == [serial.id]
+    assert ids({"q": str(plain.id)}) == [plain.id]
+    page = client.get(
+        reverse("admin:django_dbqueue_backgroundjob_change", args=[unique.id])
+    ).content.decode()
+    assert "invoice:9" in page and "Flow control" in page
+    claim()  # started: a pending-mode job no longer holds its key
+    assert ids({"flow": "unique"}) == []
+    page = client.get(
+        reverse("admin:django_dbqueue_backgroundjob_change", args=[unique.id])
+    ).content.decode()
+    assert "no: it has started" in page
+
+
+def test_admin_and_command_name_the_holder_of_a_requeued_jobs_key(client, capsys):
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.urls import reverse
+
+    client.force_login(User.objects.create_superuser("root", password="pw"))
+    dead = enqueue("record", unique_key="acct:5")
+    set_state(dead.id, "state = 'dead', finished_at = now()")
+    holder = enqueue("record", unique_key="acct:5")
+    response = client.post(
+        reverse("admin:django_dbqueue_backgroundjob_changelist"),
+        {"action": "requeue", "_selected_action": [str(dead.id)]},
+        follow=True,
+    )
+    assert [str(m) for m in response.context["messages"]] == [
+        f"Job #{dead.id} was not requeued: its unique key 'acct:5' is held by job #{holder.id} "
+        "(pending). Requeue it once that job has finished."
+    ]
+    call_command("jobqueue_requeue", "--ids", str(dead.id))
+    err = capsys.readouterr().err
+    assert f"job {dead.id}: its unique key 'acct:5' is held by job {holder.id} (pending)" in err
+    assert job_row(dead.id)["state"] == "dead"
