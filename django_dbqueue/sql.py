@@ -301,9 +301,10 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 #   at a time in enqueue order, a retrying older job holding back the newer ones. The test
 #   reads this statement's snapshot: a job another claimer is taking right now (locked, not
 #   committed) is still pending in it, so the newer job is passed over; of two jobs of a key in
-#   one batch, the newer sees the older pending. Waiting (workflow) jobs do not count. A job
-#   without a key (serial_key IS NULL) never evaluates the subquery; a keyed one probes
-#   dbqueue_job_serial_idx. A worker killed mid-job holds its key until the sweeper takes the
+#   one batch, the newer sees the older pending. Waiting (workflow) jobs do not count. The test is
+#   dbqueue_serial_turn() (migration 0011; why a function: see there), STABLE, so it reads this
+#   statement's snapshot. A job without a key (serial_key IS NULL) never calls it; a keyed one
+#   probes dbqueue_job_serial_idx. A worker killed mid-job holds its key until the sweeper takes the
 #   expired lease back. Cost: the scan passes over the blocked jobs of busy keys on its way to
 #   claimable ones, so a long backlog behind one key in a shared queue makes every claim of that
 #   queue read it (give such keys their own queue).
@@ -319,7 +320,7 @@ candidates AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_after
         FROM dbqueue_job AS j
         WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
-          AND (j.serial_key IS NULL OR NOT EXISTS (SELECT 1 FROM dbqueue_job AS o WHERE o.serial_key = j.serial_key AND o.state IN ('pending', 'running') AND o.id <> j.id AND (o.state = 'running' OR o.id < j.id)))
+          AND (j.serial_key IS NULL OR dbqueue_serial_turn(j.serial_key, j.id))
         ORDER BY j.priority DESC, j.run_after, j.id
         LIMIT q.lim
         FOR UPDATE SKIP LOCKED
