@@ -100,7 +100,9 @@ def unique_while(value, label="unique_while", error=ValueError):
 def job_key(value, label, error=ValueError):
     """A unique or serial key: a str (rules of :func:`key`) or an int, stored as text."""
     if isinstance(value, int) and not isinstance(value, bool):
-        value = str(value) if value.bit_length() <= 200 else value  # too long: refused below
+        if len_digits(value) > MAX_KEY:
+            raise error(f"{label} must be at most {MAX_KEY} characters, got {shown(value)}")
+        value = str(value)
     if not isinstance(value, str):
         raise error(f"{label} must be a str or an int, got {type(value).__name__} {shown(value)}")
     return key(value, label, error=error)
