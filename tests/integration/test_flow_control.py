@@ -265,6 +265,42 @@ def test_requeue_that_meets_a_holder_committed_meanwhile_does_not_abort_the_tran
         assert scalar("SELECT count(*) FROM dbqueue_job WHERE unique_key = 'late'") == 2
 
 
+def test_requeue_racing_an_uncommitted_holder_retries_and_leaves_the_job_alone():
+    import threading
+
+    dead = enqueue("record", unique_key="race-requeue")
+    set_state(dead.id, "state = 'dead', finished_at = now()")
+    other = psycopg.connect(**connection_params("default"))
+    try:
+        with other.cursor() as cursor:  # a holder its snapshot cannot see yet
+            cursor.execute(
+                "INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, "
+                "attempts, max_attempts, lease_seconds, errors, created_at, unique_key, "
+                "unique_while) VALUES ('record', 'default', '{}', 'pending', 0, now(), 0, 3, 5, "
+                "'[]', now(), 'race-requeue', 'active') RETURNING id"
+            )
+            holder = cursor.fetchone()[0]
+        results = []
+        thread = threading.Thread(
+            target=lambda: (
+                results.append(store.requeue("default", [dead.id])),
+                connection.close(),
+            )
+        )
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive()  # its index insertion waits for the holder's transaction
+        other.commit()
+        thread.join(10)
+        assert results == [{}]  # the unique violation was caught, the retry saw the holder
+    finally:
+        other.close()
+    assert job_row(dead.id)["state"] == "dead"
+    assert store.requeue_blocked("default", [dead.id]) == [
+        (dead.id, "race-requeue", holder, "pending")
+    ]
+
+
 def test_a_started_pending_mode_job_is_requeued_without_the_key():
     first = enqueue("record", unique_key="p", unique_while="pending")
     (row,) = claim()
