@@ -8,8 +8,8 @@ Time is always the database's ``now()``, never a worker's clock.
 # Enqueue: one round trip, one statement, and no notification. A NOTIFY inside the caller's
 # transaction would make PostgreSQL take a cluster-wide lock at its commit and hold it through the
 # WAL flush, so concurrent enqueuing commits would queue behind each other; the wake-up is sent
-# after the commit instead (NOTIFY_WORKERS, wakeup.py). Four variants, built here once from one
-# template: with or without an idempotency key (ON CONFLICT makes "at most one job per key" hold
+# after the commit instead (NOTIFY_WORKERS, wakeup.py). Four variants (and the flow-control ones
+# of INSERT_JOB_VARIANTS below), built here once from one template: with or without an idempotency key (ON CONFLICT makes "at most one job per key" hold
 # under a race: the second inserter waits for the first to commit, then inserts nothing and
 # returns no row), and due now or scheduled. A scheduled variant also says whether the job is
 # already due by the database's clock, so that only a due job wakes a worker. The plain variant
@@ -55,10 +55,13 @@ UNIQUE_HELD_SQL = _unique_held()
 # the partial unique index, so "at most one live job per key" holds under concurrent enqueuers:
 # the second inserter waits for the first to commit, then inserts nothing and returns no row,
 # and the caller reads the holder (SELECT_UNIQUE_HOLDER). The debounce form updates the holder
-# instead, in the same statement, while it is still pending and never claimed (a claim locks
-# the row; once it committed the row left the index, and PostgreSQL retries the insert, which
-# then succeeds): its run_after and payload become this call's (the last call's payload is the
-# one that runs). xmax = 0 tells an inserted row from an updated one in RETURNING.
+# instead, in the same statement, while it is still pending and never claimed, and of the same
+# type: its run_after and payload become this call's (the last call's payload is the one that
+# runs). A holder being claimed meanwhile is locked: the update waits, and finds a row version
+# that left the index (a "pending" holder: PostgreSQL then retries the insert, which succeeds) or
+# that fails the WHERE (an "active" one: no row, and the caller returns the holder untouched).
+# xmax = 0 tells an inserted row from an updated one in RETURNING (the updated row version
+# carries this transaction's id there; a common idiom, not a documented guarantee).
 _ON_UNIQUE_CONFLICT = "ON CONFLICT (unique_key) WHERE " + UNIQUE_HELD_SQL + "\n"
 _UNIQUE_DO_NOTHING = _ON_UNIQUE_CONFLICT + "DO NOTHING\n"
 _UNIQUE_DEBOUNCE = (
