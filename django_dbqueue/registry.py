@@ -112,10 +112,8 @@ def _validate_flow_options(where, unique_key, unique_while, serial_key):
                 f"{where}: {label} must be a callable of the payload returning a str or int "
                 f"(e.g. lambda payload: payload['account_id']), got {validation.shown(value)}"
             )
-    if unique_while is not None:
+    if unique_while is not None:  # alone, the mode of the keys given to enqueue()
         validation.unique_while(unique_while, f"{where}: unique_while", error=error)
-        if unique_key is None:
-            raise error(f"{where}: unique_while={unique_while!r} needs unique_key=")
 
 
 def _validate_options(name, queue, max_attempts, lease, backoff, timeout, priority):
@@ -170,7 +168,8 @@ def job(
     returning a str, an int or ``None`` (no key for that job): ``unique_key``, with
     ``unique_while`` (``"pending"`` or ``"active"``, the default) makes a second enqueue while
     one job of the key is live return that job; ``serial_key`` runs the jobs of a key one at a
-    time, in enqueue order. ``enqueue()``'s own arguments override them.
+    time, in enqueue order. ``enqueue()``'s own arguments override them. ``unique_while`` alone
+    is the mode of the keys given to ``enqueue()``.
 
     The handler takes one argument, the :class:`~django_dbqueue.JobContext`. ``async def``
     handlers are supported.

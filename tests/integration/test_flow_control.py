@@ -202,8 +202,6 @@ def test_bad_arguments_are_refused_naming_the_value(kwargs, message):
 def test_job_key_callables_are_validated_at_registration_and_at_enqueue():
     with pytest.raises(JobRegistrationError, match="serial_key must be a callable"):
         job("bad-serial", serial_key="account")
-    with pytest.raises(JobRegistrationError, match="unique_while='pending' needs unique_key"):
-        job("bad-unique", unique_while="pending")
     with pytest.raises(JobRegistrationError, match="unique_while must be 'pending' or 'active'"):
         job("bad-mode", unique_key=lambda p: p, unique_while="always")
 
@@ -211,7 +209,13 @@ def test_job_key_callables_are_validated_at_registration_and_at_enqueue():
     def keyed_badly(ctx):
         pass
 
+    @job("pending-mode", unique_while="pending")  # the mode of keys given to enqueue()
+    def pending_mode(ctx):
+        pass
+
     try:
+        assert job_row(enqueue("pending-mode", unique_key="m").id)["unique_while"] == "pending"
+        assert job_row(enqueue("pending-mode").id)["unique_key"] is None
         with pytest.raises(
             EnqueueError, match=r"serial_key\(payload\) must be a str or an int, got dict"
         ):
@@ -220,6 +224,7 @@ def test_job_key_callables_are_validated_at_registration_and_at_enqueue():
             enqueue("keyed-badly", {})
     finally:
         unregister("keyed-badly")
+        unregister("pending-mode")
 
 
 def test_enqueue_many_and_workflows_take_serial_keys_but_refuse_unique_types():
