@@ -23,7 +23,7 @@ from django.utils.html import format_html, format_html_join
 
 from . import cancellation, charts, dashboard, registry, store, wakeup
 from .conf import get_settings
-from .models import BackgroundJob, DeadLetter, JobDelivery
+from .models import UNIQUE_HELD, BackgroundJob, DeadLetter, JobDelivery
 from .states import FINISHED_STATES, DeliveryState, JobState
 
 COUNT_CAP = 10_000
@@ -75,6 +75,29 @@ class StuckFilter(admin.SimpleListFilter):
         return queryset
 
 
+class FlowFilter(admin.SimpleListFilter):
+    """Jobs holding a unique key now, or live jobs with a serial key (docs/concepts.md)."""
+
+    title = "flow control"
+    parameter_name = "flow"
+
+    def lookups(self, request, model_admin):
+        return [("unique", "holding a unique key"), ("serial", "live, with a serial key")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "unique":
+            return queryset.filter(UNIQUE_HELD)
+        if self.value() == "serial":
+            return queryset.filter(_serial(None))
+        return queryset
+
+
+def _serial(key):
+    """Live jobs with serial key ``key`` (any key for ``None``): dbqueue_job_serial_idx."""
+    condition = Q(state__in=[JobState.PENDING, JobState.RUNNING])
+    return condition & (Q(serial_key__isnull=False) if key is None else Q(serial_key=key))
+
+
 def _exact_search(queryset, term, key_field, id_field="pk"):
     """Exact matches on indexed columns only. Django's own search wraps every column in UPPER()
     and so can never use an index: on a million rows that is a sequential scan per page."""
@@ -102,10 +125,13 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "created_at",
         "last_error",
     ]
-    list_filter = ["state", QueueFilter, TypeFilter, StuckFilter]
-    # Searched by exact id or idempotency key (get_search_results), both indexed.
+    list_filter = ["state", QueueFilter, TypeFilter, StuckFilter, FlowFilter]
+    # Searched by exact id, idempotency key, or unique/serial key of a live job
+    # (get_search_results), each served by an index.
     search_fields = ["idempotency_key"]
-    search_help_text = "A job id or an exact idempotency key."
+    search_help_text = (
+        "A job id, an exact idempotency key, or the exact unique or serial key of a live job."
+    )
     ordering = ["-id"]
     paginator = CappedCountPaginator
     show_full_result_count = False
@@ -125,6 +151,10 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "leased_until",
         "worker_id",
         "idempotency_key",
+        "unique_key",
+        "unique_while",
+        "unique_held",
+        "serial_key",
         "created_at",
         "started_at",
         "finished_at",
@@ -142,6 +172,10 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         (
             "Attempts",
             {"fields": ["attempts", "max_attempts", "worker_id", "lease_seconds", "leased_until"]},
+        ),
+        (
+            "Flow control",
+            {"fields": ["unique_key", "unique_while", "unique_held", "serial_key"]},
         ),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "errors_pretty"]}),
         ("Workflow", {"fields": ["workflow_display"]}),
@@ -222,7 +256,26 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         return super().get_queryset(request).defer("payload", "result")
 
     def get_search_results(self, request, queryset, search_term):
-        return _exact_search(queryset, search_term, "idempotency_key"), False
+        found = _exact_search(queryset, search_term, "idempotency_key")
+        term = search_term.strip()
+        if term:
+            # Live rows only: the partial indexes of the unique and serial keys hold only those.
+            found = found | queryset.filter((Q(unique_key=term) & UNIQUE_HELD) | _serial(term))
+        return found, False
+
+    @admin.display(description="holds its unique key now")
+    def unique_held(self, obj):
+        """Whether this job is the one an enqueue with its unique key would return now."""
+        if obj.unique_key is None:
+            return "no unique key"
+        held = obj.state in ("pending", "waiting", "running") and (
+            obj.unique_while == "active" or obj.started_at is None
+        )
+        if held:
+            return "yes"
+        if obj.state in FINISHED_STATES:
+            return f"no: it is {obj.state}"
+        return "no: it has started (held only until then, unique_while='pending')"
 
     @admin.display(description="attempts")
     def attempts_display(self, obj):
@@ -357,7 +410,22 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         using = get_settings().DATABASE
         moved = store.requeue(using, ids)
         wakeup.jobs_ready(using, moved.values())
-        self._report(request, "Requeued", moved, ids, "only dead or cancelled jobs can be requeued")
+        left = sorted(set(ids) - set(moved))
+        blocked = store.requeue_blocked(using, left) if left else []
+        for job_id, key, holder, state in blocked:
+            self.message_user(
+                request,
+                f"Job #{job_id} was not requeued: its unique key {key!r} is held by job "
+                f"#{holder} ({state}). Requeue it once that job has finished.",
+                messages.WARNING,
+            )
+        self._report(
+            request,
+            "Requeued",
+            moved,
+            [i for i in ids if i not in {row[0] for row in blocked}],
+            "only dead or cancelled jobs can be requeued",
+        )
 
     @admin.action(description="Run now (scheduled → due now)", permissions=["run_now"])
     def run_now(self, request, queryset):

@@ -65,6 +65,48 @@ def _run_after(value):
     return value
 
 
+def _derived_key(job_type, label, given, payload):
+    """``given`` if not None, else what the type's ``@job(label=callable)`` makes of the payload;
+    validated as a key, or ``None``."""
+    if given is None:
+        func = getattr(job_type, label)
+        if func is None:
+            return None
+        try:
+            given = func({} if payload is None else payload)
+        except Exception as exc:
+            raise EnqueueError(
+                f"@job({job_type.name!r}) {label}(payload) raised {exc.__class__.__name__}: {exc}"
+            ) from exc
+        if given is None:
+            return None
+        label = f"@job({job_type.name!r}) {label}(payload)"
+    return validation.job_key(given, label, error=EnqueueError)
+
+
+def _flow(job_type, payload, *, unique_key, unique_while, debounce, serial_key):
+    """The flow-control values of one job (docs/concepts.md), validated."""
+    if not isinstance(debounce, bool):
+        raise EnqueueError(f"debounce must be True or False, got {validation.shown(debounce)}")
+    unique_key = _derived_key(job_type, "unique_key", unique_key, payload)
+    if unique_while is not None:
+        validation.unique_while(unique_while, error=EnqueueError)
+        if unique_key is None:
+            raise EnqueueError(f"unique_while={unique_while!r} needs a unique_key")
+    elif unique_key is not None:
+        unique_while = job_type.unique_while or "active"
+    if debounce and unique_while != "pending":
+        raise EnqueueError(
+            f"debounce=True needs unique_while='pending' (and a unique_key), got "
+            f"unique_while={unique_while!r}: only a job that has not started can be pushed back"
+        )
+    return {
+        "unique_key": unique_key,
+        "unique_while": unique_while,
+        "serial_key": _derived_key(job_type, "serial_key", serial_key, payload),
+    }
+
+
 def _prepare(
     type,
     payload,
@@ -76,9 +118,27 @@ def _prepare(
     idempotency_key,
     max_attempts,
     conf,
+    unique_key=None,
+    unique_while=None,
+    debounce=False,
+    serial_key=None,
 ):
     """Validate one job's arguments; returns the values its INSERT binds."""
     job_type = _job_type(type)
+    flow = _flow(
+        job_type,
+        payload,
+        unique_key=unique_key,
+        unique_while=unique_while,
+        debounce=debounce,
+        serial_key=serial_key,
+    )
+    if idempotency_key is not None and flow["unique_key"] is not None:
+        raise EnqueueError(
+            f"pass idempotency_key or unique_key, not both (got idempotency_key="
+            f"{validation.shown(idempotency_key)}, unique_key={validation.shown(flow['unique_key'])}"
+            "): an idempotency key already allows one job per key in any state"
+        )
     payload_json = payloads.dumps({} if payload is None else payload)
     queue = validation.queue_name(
         job_type.get_queue(conf) if queue is None else queue, error=EnqueueError
@@ -111,6 +171,7 @@ def _prepare(
         "max_attempts": max_attempts,
         "lease": job_type.get_lease(conf),
         "key": idempotency_key,
+        **flow,
     }
 
 
@@ -127,6 +188,10 @@ def enqueue(
     using=None,
     depends_on=None,
     on_failure="cancel",
+    unique_key=None,
+    unique_while=None,
+    debounce=False,
+    serial_key=None,
 ):
     """Add a job of registered ``type`` with a JSON ``payload``; returns an :class:`EnqueuedJob`.
 
@@ -143,6 +208,20 @@ def enqueue(
     (in any state, until it is pruned), nothing is inserted and its id is returned with
     ``created=False``. Two transactions racing on a key: the second waits for the first to commit
     and then gets the first one's job.
+
+    **Unique while pending or active.** With ``unique_key`` (a str or int; or the type's
+    ``@job(unique_key=...)``), at most one *live* job holds the key: while one does, enqueueing
+    the key again inserts nothing and returns that job with ``created=False``; once it has
+    finished (or, with ``unique_while="pending"``, once it has started) a new one may be
+    enqueued. ``unique_while``: ``"active"`` (default: pending, waiting or running; a retry
+    keeps the key) or ``"pending"`` (not started yet: a job that started, even one waiting for
+    a retry, no longer holds it). Enforced by a partial unique index, so concurrent enqueuers
+    get one job. ``debounce=True`` (with ``unique_while="pending"``) also gives the waiting job
+    this call's ``run_after``/``delay`` and payload. Not with ``idempotency_key``.
+
+    **Serial key.** Jobs with the same ``serial_key`` (a str or int; or the type's
+    ``@job(serial_key=...)``) never run at the same time, and start in enqueue order: a job
+    waits while another of its key runs or an older one is pending, even one waiting for a retry.
 
     ``run_after`` (aware datetime) or ``delay`` (seconds or timedelta) schedules the job.
     ``queue``, ``priority`` (-100..100, higher first) and ``max_attempts`` default to the type's.
@@ -163,11 +242,16 @@ def enqueue(
     if depends_on is not None:
         if idempotency_key is not None:
             raise EnqueueError("a job with depends_on cannot have an idempotency_key")
+        if unique_key is not None or unique_while is not None or debounce:
+            raise EnqueueError(
+                "a job with depends_on cannot be unique (unique_key, unique_while, debounce): "
+                "it is created waiting, and its dependencies decide when it runs"
+            )
         from .workflow import Workflow
 
         wf = Workflow()
         options = {"queue": queue, "priority": priority, "run_after": run_after}
-        options.update(delay=delay, max_attempts=max_attempts)
+        options.update(delay=delay, max_attempts=max_attempts, serial_key=serial_key)
         wf.add(
             type,
             payload,
@@ -189,10 +273,16 @@ def enqueue(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         conf=conf,
+        unique_key=unique_key,
+        unique_while=unique_while,
+        debounce=debounce,
+        serial_key=serial_key,
     )
     traceparent = tracing.current_traceparent()
     if traceparent is not None:  # only inside an OpenTelemetry trace (docs/observability.md)
         values["traceparent"] = traceparent
+    if values["unique_key"] is not None:
+        return _enqueue_unique(using, values, debounce)
     while True:
         inserted = store.insert_job(using, **values)
         if inserted is not None:
@@ -206,6 +296,33 @@ def enqueue(
         # The key's holder was deleted between the two statements: insert again.
 
 
+UNIQUE_TRIES = 100  # each lost round means the key's holder finished between two statements
+
+
+def _enqueue_unique(using, values, debounce):
+    """Insert a job holding a unique key, or return the job holding it. An insert that meets a
+    holder inserts nothing (after waiting for the holder's transaction); the holder is then read
+    by its key. Should it have finished in between, the insert is tried again: each round needs
+    a whole job to finish between two statements, so a few rounds are the most a real
+    workload sees; the bound turns a pathological one into an error instead of a spin."""
+    key = values["unique_key"]
+    for _ in range(UNIQUE_TRIES):
+        inserted = store.insert_unique_job(using, debounce=debounce, **values)
+        if inserted is not None:
+            job_id, due, created = inserted
+            if due:
+                wakeup.jobs_ready(using, (values["queue"],))
+            return EnqueuedJob(job_id, created, values["type"], values["queue"])
+        holder = store.unique_holder(using, key)
+        if holder is not None:
+            job_id, job_type, queue = holder
+            return EnqueuedJob(job_id, False, job_type, queue)
+    raise EnqueueError(
+        f"unique_key {validation.shown(key)}: its holder kept finishing between the insert and "
+        f"the read {UNIQUE_TRIES} times in a row; nothing was enqueued"
+    )
+
+
 _SPEC_KEYS = {
     "type",
     "payload",
@@ -215,6 +332,7 @@ _SPEC_KEYS = {
     "delay",
     "idempotency_key",
     "max_attempts",
+    "serial_key",
 }
 
 
@@ -253,6 +371,7 @@ def columns_of(prepared):
         "delays": [p["delay"] for p in prepared],
         "max_attempts": [p["max_attempts"] for p in prepared],
         "leases": [p["lease"] for p in prepared],
+        "serial_keys": [p["serial_key"] for p in prepared],
     }
 
 
@@ -277,7 +396,13 @@ def enqueue_many(jobs, *, using=None):
     for index, item in enumerate(items):
         spec = _spec(item, index)
         try:
-            prepared.append(_prepare(**spec, conf=conf))
+            values = _prepare(**spec, conf=conf)
+            if values["unique_key"] is not None:
+                raise EnqueueError(
+                    f"job type {values['type']!r} has a unique_key (@job(unique_key=...)); "
+                    "enqueue_many() does not take unique jobs: use enqueue() for each"
+                )
+            prepared.append(values)
         except (EnqueueError, UnknownJobType) as exc:
             raise type(exc)(f"jobs[{index}]: {exc}") from exc
         except payloads.PayloadError as exc:

@@ -27,6 +27,13 @@ __all__ = [
 ]
 
 
+# When a job holds its unique key: live (pending, waiting or running) and, in the "pending"
+# mode, never claimed yet. Written out again in sql.py (UNIQUE_HELD_SQL); keep them equal.
+UNIQUE_HELD = Q(unique_key__isnull=False, state__in=["pending", "waiting", "running"]) & (
+    Q(unique_while="active") | Q(started_at__isnull=True)
+)
+
+
 class IdArrayField(models.Field):
     """A PostgreSQL ``bigint[]`` of job ids, read and written as a list of ints or ``None``.
 
@@ -85,6 +92,18 @@ class BackgroundJob(models.Model):
     cancelled_by = models.CharField(  # noqa: DJ001
         max_length=200, null=True, blank=True, editable=False
     )
+    # Unique while active (docs/concepts.md): at most one live job per ``unique_key``. With
+    # ``unique_while = 'active'`` the key is held while the job is pending, waiting or running;
+    # with ``'pending'`` only until its first claim (``started_at`` is set then and never
+    # cleared, so a retry or a release back to pending never takes the key again). The key
+    # stays on the row after that, for the admin.
+    unique_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
+    unique_while = models.CharField(  # noqa: DJ001
+        max_length=8, null=True, blank=True, choices=[("pending", "pending"), ("active", "active")]
+    )
+    # Serial key (docs/concepts.md): jobs sharing it never run at the same time, and run in
+    # enqueue (id) order; enforced by the claim (sql.CLAIM_JOBS).
+    serial_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "dbqueue_job"
@@ -153,6 +172,21 @@ class BackgroundJob(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="dbqueue_job_idempotency_key_uniq",
             ),
+            # A unique key comes with its mode, and a mode with its key.
+            models.CheckConstraint(
+                condition=(
+                    Q(unique_key__isnull=True, unique_while__isnull=True)
+                    | Q(unique_key__isnull=False, unique_while__in=["pending", "active"])
+                ),
+                name="dbqueue_job_unique_while_valid",
+            ),
+            # At most one live job per unique key (see unique_key above). The same predicate
+            # is the ON CONFLICT target of sql.INSERT_JOB_UNIQUE* and the live-holder lookup.
+            models.UniqueConstraint(
+                fields=["unique_key"],
+                condition=UNIQUE_HELD,
+                name="dbqueue_job_unique_key_live_uniq",
+            ),
         ]
         indexes = [
             # The claim: per queue, in claim order, pending rows only.
@@ -181,6 +215,12 @@ class BackgroundJob(models.Model):
                 fields=["queue"],
                 name="dbqueue_job_waiting_idx",
                 condition=Q(state=JobState.WAITING),
+            ),
+            # The claim's serial-key test: the other live jobs of a key, by id.
+            models.Index(
+                fields=["serial_key", "id"],
+                name="dbqueue_job_serial_idx",
+                condition=Q(serial_key__isnull=False, state__in=["pending", "running"]),
             ),
             # Retention and the dead-letter views: finished rows by age.
             models.Index(

@@ -32,6 +32,10 @@ class JobType:
     is_async: bool = False
     global_concurrency: int | None = None  # jobs of this type running at once, fleet-wide
     rate_limit: dict | None = None  # {"limit", "period", "key"}: starts per period, fleet-wide
+    # Flow control (docs/concepts.md): callables of the payload, called at enqueue.
+    unique_key: Any = None
+    unique_while: str | None = None
+    serial_key: Any = None
 
     @property
     def location(self):
@@ -102,6 +106,18 @@ def name_sig(func, sig):
     return f"{getattr(func, '__name__', func)}{sig}"
 
 
+def _validate_flow_options(where, unique_key, unique_while, serial_key):
+    error = JobRegistrationError
+    for label, value in (("unique_key", unique_key), ("serial_key", serial_key)):
+        if value is not None and not callable(value):
+            raise error(
+                f"{where}: {label} must be a callable of the payload returning a str or int "
+                f"(e.g. lambda payload: payload['account_id']), got {validation.shown(value)}"
+            )
+    if unique_while is not None:  # alone, the mode of the keys given to enqueue()
+        validation.unique_while(unique_while, f"{where}: unique_while", error=error)
+
+
 def _validate_options(
     name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
 ):
@@ -148,6 +164,9 @@ def job(
     atomic=False,
     global_concurrency=None,
     rate_limit=None,
+    unique_key=None,
+    unique_while=None,
+    serial_key=None,
 ):
     """Register the decorated function as the handler of job type ``name``.
 
@@ -161,12 +180,20 @@ def job(
     ``{"limit": N, "period": seconds}`` starts of the type per period across every worker,
     per value of the payload field ``"key"`` when given (docs/concepts.md#flow-control).
 
+    Flow control (docs/concepts.md), each a callable of the payload called at enqueue and
+    returning a str, an int or ``None`` (no key for that job): ``unique_key``, with
+    ``unique_while`` (``"pending"`` or ``"active"``, the default) makes a second enqueue while
+    one job of the key is live return that job; ``serial_key`` runs the jobs of a key one at a
+    time, in enqueue order. ``enqueue()``'s own arguments override them. ``unique_while`` alone
+    is the mode of the keys given to ``enqueue()``.
+
     The handler takes one argument, the :class:`~django_dbqueue.JobContext`. ``async def``
     handlers are supported.
     """
     rate_limit = _validate_options(
         name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
     )
+    _validate_flow_options(f"@job({name!r})", unique_key, unique_while, serial_key)
 
     def decorator(func):
         _check_signature(name, func)
@@ -194,6 +221,9 @@ def job(
                 is_async=is_async,
                 global_concurrency=global_concurrency,
                 rate_limit=rate_limit,
+                unique_key=unique_key,
+                unique_while=unique_while,
+                serial_key=serial_key,
             )
         )
         return func

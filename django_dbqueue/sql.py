@@ -8,8 +8,8 @@ Time is always the database's ``now()``, never a worker's clock.
 # Enqueue: one round trip, one statement, and no notification. A NOTIFY inside the caller's
 # transaction would make PostgreSQL take a cluster-wide lock at its commit and hold it through the
 # WAL flush, so concurrent enqueuing commits would queue behind each other; the wake-up is sent
-# after the commit instead (NOTIFY_WORKERS, wakeup.py). Four variants, built here once from one
-# template: with or without an idempotency key (ON CONFLICT makes "at most one job per key" hold
+# after the commit instead (NOTIFY_WORKERS, wakeup.py). Four variants (and the flow-control ones
+# of INSERT_JOB_VARIANTS below), built here once from one template: with or without an idempotency key (ON CONFLICT makes "at most one job per key" hold
 # under a race: the second inserter waits for the first to commit, then inserts nothing and
 # returns no row), and due now or scheduled. A scheduled variant also says whether the job is
 # already due by the database's clock, so that only a due job wakes a worker. The plain variant
@@ -20,13 +20,13 @@ Time is always the database's ``now()``, never a worker's clock.
 _INSERT_JOB = """
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
-    lease_seconds, idempotency_key, errors, created_at{trace_column}
+    lease_seconds, idempotency_key, errors, created_at{trace_column}{unique_columns}{serial_column}
 )
 VALUES (
     %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s, {run_after},
-    0, %(max_attempts)s, %(lease)s, {key}, '[]'::jsonb, now(){trace_value}
+    0, %(max_attempts)s, %(lease)s, {key}, '[]'::jsonb, now(){trace_value}{unique_values}{serial_value}
 )
-{conflict}RETURNING id, {due}
+{conflict}RETURNING id, {due}{created}
 """
 _SCHEDULED = "COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second')"
 _ON_CONFLICT = "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING\n"
@@ -35,24 +35,95 @@ _UNTRACED = {"trace_column": "", "trace_value": ""}
 _TRACED = {"trace_column": ", traceparent", "trace_value": ", %(traceparent)s"}
 
 
-def _insert_job(scheduled, keyed, trace):
+# When a job holds its unique key: the predicate of the partial unique index
+# dbqueue_job_unique_key_live_uniq (models.UNIQUE_HELD), written out for ON CONFLICT's inference
+# (PostgreSQL picks a partial index as the arbiter only when the statement's WHERE implies the
+# index's predicate) and for the lookup of the live holder. "active": pending, waiting or
+# running. "pending": not claimed yet (started_at is set by the first claim and never cleared),
+# so a retry, a release or a rescue back to pending never takes the key again, and no statement
+# that moves a started job back to pending can collide with a newer holder.
+def _unique_held(alias=""):
+    return (
+        f"{alias}unique_key IS NOT NULL AND {alias}state IN ('pending', 'waiting', 'running')"
+        f" AND ({alias}unique_while = 'active' OR {alias}started_at IS NULL)"
+    )
+
+
+UNIQUE_HELD_SQL = _unique_held()
+
+# Unique while pending/active (enqueue(unique_key=..., unique_while=...)): the conflict target is
+# the partial unique index, so "at most one live job per key" holds under concurrent enqueuers:
+# the second inserter waits for the first to commit, then inserts nothing and returns no row,
+# and the caller reads the holder (SELECT_UNIQUE_HOLDER). The debounce form updates the holder
+# instead, in the same statement, while it is still pending and never claimed, and of the same
+# type: its run_after and payload become this call's (the last call's payload is the one that
+# runs). A holder being claimed meanwhile is locked: the update waits, and finds a row version
+# that left the index (a "pending" holder: PostgreSQL then retries the insert, which succeeds) or
+# that fails the WHERE (an "active" one: no row, and the caller returns the holder untouched).
+# xmax = 0 tells an inserted row from an updated one in RETURNING (the updated row version
+# carries this transaction's id there; a common idiom, not a documented guarantee).
+_ON_UNIQUE_CONFLICT = "ON CONFLICT (unique_key) WHERE " + UNIQUE_HELD_SQL + "\n"
+_UNIQUE_DO_NOTHING = _ON_UNIQUE_CONFLICT + "DO NOTHING\n"
+_UNIQUE_DEBOUNCE = (
+    _ON_UNIQUE_CONFLICT
+    + """DO UPDATE SET run_after = EXCLUDED.run_after, payload = EXCLUDED.payload
+    WHERE dbqueue_job.state = 'pending' AND dbqueue_job.started_at IS NULL
+      AND dbqueue_job.type = EXCLUDED.type
+"""
+)
+_CONFLICTS = {
+    None: ("NULL", "", ""),
+    "key": ("%(key)s", _ON_CONFLICT, ""),
+    "unique": ("NULL", _UNIQUE_DO_NOTHING, ""),
+    "debounce": ("NULL", _UNIQUE_DEBOUNCE, ", xmax = 0"),
+}
+
+
+def _insert_job(scheduled, conflict, trace, serial=False):
+    key, clause, created = _CONFLICTS[conflict]
+    unique = conflict in ("unique", "debounce")
     return _INSERT_JOB.format(
         run_after=_SCHEDULED if scheduled else "now()",
-        key="%(key)s" if keyed else "NULL",
-        conflict=_ON_CONFLICT if keyed else "",
+        key=key,
+        conflict=clause,
         due=_DUE if scheduled else "true",
+        created=created,
+        unique_columns=", unique_key, unique_while" if unique else "",
+        unique_values=", %(unique_key)s, %(unique_while)s" if unique else "",
+        serial_column=", serial_key" if serial else "",
+        serial_value=", %(serial_key)s" if serial else "",
         **trace,
     )
 
 
-INSERT_JOB = _insert_job(False, False, _UNTRACED)
-INSERT_JOB_SCHEDULED = _insert_job(True, False, _UNTRACED)
-INSERT_JOB_WITH_KEY = _insert_job(False, True, _UNTRACED)
-INSERT_JOB_SCHEDULED_WITH_KEY = _insert_job(True, True, _UNTRACED)
-INSERT_JOB_TRACED = _insert_job(False, False, _TRACED)
-INSERT_JOB_SCHEDULED_TRACED = _insert_job(True, False, _TRACED)
-INSERT_JOB_WITH_KEY_TRACED = _insert_job(False, True, _TRACED)
-INSERT_JOB_SCHEDULED_WITH_KEY_TRACED = _insert_job(True, True, _TRACED)
+INSERT_JOB = _insert_job(False, None, _UNTRACED)
+INSERT_JOB_SCHEDULED = _insert_job(True, None, _UNTRACED)
+INSERT_JOB_WITH_KEY = _insert_job(False, "key", _UNTRACED)
+INSERT_JOB_SCHEDULED_WITH_KEY = _insert_job(True, "key", _UNTRACED)
+INSERT_JOB_TRACED = _insert_job(False, None, _TRACED)
+INSERT_JOB_SCHEDULED_TRACED = _insert_job(True, None, _TRACED)
+INSERT_JOB_WITH_KEY_TRACED = _insert_job(False, "key", _TRACED)
+INSERT_JOB_SCHEDULED_WITH_KEY_TRACED = _insert_job(True, "key", _TRACED)
+
+# Every other combination (a unique key, a debounce, a serial key, with the others), built
+# once here, named by (scheduled, conflict, traced, serial): conflict is None, "key" (the
+# idempotency key), "unique" or "debounce". The plain ones above are the same texts.
+INSERT_JOB_VARIANTS = {
+    (scheduled, conflict, traced, serial): _insert_job(
+        scheduled, conflict, _TRACED if traced else _UNTRACED, serial
+    )
+    for scheduled in (False, True)
+    for conflict in _CONFLICTS
+    for traced in (False, True)
+    for serial in (False, True)
+}
+
+# The job holding a unique key now (the one an enqueue that inserted nothing must return).
+# Served by the unique index itself.
+SELECT_UNIQUE_HOLDER = (
+    "SELECT id, type, queue FROM dbqueue_job WHERE unique_key = %(unique_key)s AND "
+    + UNIQUE_HELD_SQL
+)
 
 # The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs; each row
 # inserted comes back with its queue and whether it is due, for the wake-up after the commit.
@@ -60,17 +131,17 @@ INSERT_JOB_SCHEDULED_WITH_KEY_TRACED = _insert_job(True, True, _TRACED)
 _INSERT_JOBS = """
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
-    lease_seconds, idempotency_key, errors, created_at{trace_column}
+    lease_seconds, idempotency_key, errors, created_at, serial_key{trace_column}
 )
 SELECT u.type, u.queue, u.payload::jsonb, 'pending', u.priority,
        COALESCE(u.run_after, now() + u.delay * interval '1 second'),
-       0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now(){trace_value}
+       0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now(), u.serial_key{trace_value}
 FROM unnest(
     %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
     %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
-    %(leases)s::float8[], %(keys)s::text[]
+    %(leases)s::float8[], %(keys)s::text[], %(serial_keys)s::text[]
 ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts, lease,
-                       key, ord)
+                       key, serial_key, ord)
 ORDER BY u.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, idempotency_key, queue, run_after <= now()
@@ -100,8 +171,6 @@ NOTIFY_ONE = b"SELECT pg_notify($1, $2), set_config('synchronous_commit', 'off',
 NOTIFY_WORKERS_AT_COMMIT = """
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
 """
-INSERT_JOBS = _INSERT_JOBS.format(**_UNTRACED)
-INSERT_JOBS_TRACED = _INSERT_JOBS.format(**_TRACED)
 
 # A workflow (workflow.py, docs/workflows.md): its jobs and their dependency edges in one
 # statement, so the whole graph commits or rolls back with the caller's transaction.
@@ -146,7 +215,7 @@ inserted AS (
     INSERT INTO dbqueue_job (
         id, type, queue, payload, state, priority, run_after, attempts, max_attempts,
         lease_seconds, idempotency_key, errors, created_at, traceparent, waiting_on,
-        dependents
+        dependents, serial_key
     )
     SELECT i.id, u.type, u.queue, u.payload::jsonb,
            CASE WHEN COALESCE(c.waiting_on, 0) > 0 THEN 'waiting' ELSE 'pending' END,
@@ -154,13 +223,14 @@ inserted AS (
            0, u.max_attempts, u.lease, NULL, '[]'::jsonb, now(), %(traceparent)s,
            COALESCE(c.waiting_on, 0),
            (SELECT array_agg(w.id ORDER BY w.id)
-            FROM edges AS d JOIN ids AS w ON w.ord = d.job_ord WHERE d.dep_ord = u.ord)
+            FROM edges AS d JOIN ids AS w ON w.ord = d.job_ord WHERE d.dep_ord = u.ord),
+           u.serial_key
     FROM unnest(
         %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
         %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
-        %(leases)s::float8[]
+        %(leases)s::float8[], %(serial_keys)s::text[]
     ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts,
-                           lease, ord)
+                           lease, serial_key, ord)
     JOIN ids AS i ON i.ord = u.ord
     LEFT JOIN counts AS c ON c.job_ord = u.ord
     RETURNING id, queue, state
@@ -241,6 +311,18 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 # - A paused queue (dbqueue_queue, docs/concepts.md#pausing-a-queue) is left out before its scan
 #   runs (one primary key probe per queue, in its own MATERIALIZED CTE: left to itself the
 #   planner may run the anti-join after the lateral scan, locking rows of a paused queue).
+# - Serial keys (docs/concepts.md): a job with a serial key is a candidate only while no other
+#   job of its key is running and no older one (lower id) is pending, so jobs of one key run one
+#   at a time in enqueue order, a retrying older job holding back the newer ones. The test
+#   reads this statement's snapshot: a job another claimer is taking right now (locked, not
+#   committed) is still pending in it, so the newer job is passed over; of two jobs of a key in
+#   one batch, the newer sees the older pending. Waiting (workflow) jobs do not count. The test is
+#   dbqueue_serial_turn() (migration 0011; why a function: see there), STABLE, so it reads this
+#   statement's snapshot. A job without a key (serial_key IS NULL) never calls it; a keyed one
+#   probes dbqueue_job_serial_idx. A worker killed mid-job holds its key until the sweeper takes the
+#   expired lease back. Cost: the scan passes over the blocked jobs of busy keys on its way to
+#   claimable ones, so a long backlog behind one key in a shared queue makes every claim of that
+#   queue read it (give such keys their own queue).
 CLAIM_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -258,6 +340,7 @@ candidates AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_after
         FROM dbqueue_job AS j
         WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+          AND (j.serial_key IS NULL OR dbqueue_serial_turn(j.serial_key, j.id))
         ORDER BY j.priority DESC, j.run_after, j.id
         LIMIT q.lim
         FOR UPDATE SKIP LOCKED
@@ -605,8 +688,16 @@ RETURNING id
 # the history starts again at attempt 1 (SET reads the row's old state and attempts); it has
 # the shape of an error entry, so that everything listing errors shows it as it is. The cancel
 # mark goes (a pending job carries none); who cancelled it stays in that entry's message.
-REQUEUE_JOBS = """
-UPDATE dbqueue_job
+#
+# Unique keys: a requeued job would take its unique key again if it is "active" or never
+# started. It is left alone (its key is reported by REQUEUE_BLOCKED_BY_UNIQUE) when another job
+# holds the key now, or when a newer job of the same selection with the same key is requeued in
+# its place: two live jobs with one key would break the promise, and clearing the key would run
+# a duplicate silently. A holder enqueued concurrently can still make the unique index refuse the
+# UPDATE; store.requeue() then tries again, and this test sees the holder.
+REQUEUE_JOBS = (
+    """
+UPDATE dbqueue_job AS j
 SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
     leased_until = NULL, worker_id = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
@@ -619,9 +710,34 @@ SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
         'worker', NULL,
         'requeued', true,
         'at', now()))
-WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('dead', 'cancelled')
-RETURNING id, queue
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('dead', 'cancelled')
+  AND (j.unique_key IS NULL OR NOT (j.unique_while = 'active' OR j.started_at IS NULL)
+       OR (NOT EXISTS (SELECT 1 FROM dbqueue_job AS o
+                       WHERE o.unique_key = j.unique_key AND """
+    + _unique_held("o.")
+    + """)
+           AND NOT EXISTS (SELECT 1 FROM dbqueue_job AS p
+                           WHERE p.id = ANY(%(ids)s::bigint[]) AND p.id > j.id
+                             AND p.unique_key = j.unique_key AND p.state IN ('dead', 'cancelled')
+                             AND (p.unique_while = 'active' OR p.started_at IS NULL))))
+RETURNING j.id, j.queue
 """
+)
+
+# Which of these dead or cancelled jobs a requeue left alone because another job holds their
+# unique key now: (id, key, holder id, holder state), for the operator's message.
+REQUEUE_BLOCKED_BY_UNIQUE = (
+    """
+SELECT j.id, j.unique_key, o.id, o.state
+FROM dbqueue_job AS j JOIN dbqueue_job AS o
+  ON o.unique_key = j.unique_key AND o.id <> j.id AND """
+    + _unique_held("o.")
+    + """
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('dead', 'cancelled')
+  AND j.unique_key IS NOT NULL
+ORDER BY j.id
+"""
+)
 
 # Pending but scheduled for later -> due now.
 RUN_JOBS_NOW = """

@@ -12,7 +12,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from django.db import connections
+from django.db import IntegrityError, connections, transaction
 
 from . import sql
 from .connections import DB_ERRORS, reset_connection, side_execute
@@ -50,13 +50,20 @@ def insert_job(using, **values):
 
     ``due``: the job may run now by the database's clock (it is not scheduled for later)."""
     scheduled = values["run_after"] is not None or values["delay"]
+    if values.get("serial_key") is not None:
+        keyed = "key" if values["key"] is not None else None
+        variant = (bool(scheduled), keyed, values.get("traceparent") is not None, True)
+        return _first(_execute(using, sql.INSERT_JOB_VARIANTS[variant], values))
     if values.get("traceparent") is not None:
         statement = _TRACED_INSERTS[(bool(scheduled), values["key"] is not None)]
     elif values["key"] is None:
         statement = sql.INSERT_JOB_SCHEDULED if scheduled else sql.INSERT_JOB
     else:
         statement = sql.INSERT_JOB_SCHEDULED_WITH_KEY if scheduled else sql.INSERT_JOB_WITH_KEY
-    rows = _execute(using, statement, values)
+    return _first(_execute(using, statement, values))
+
+
+def _first(rows):
     return rows[0] if rows else None
 
 
@@ -66,6 +73,32 @@ _TRACED_INSERTS = {  # (scheduled, keyed) -> statement
     (False, True): sql.INSERT_JOB_WITH_KEY_TRACED,
     (True, True): sql.INSERT_JOB_SCHEDULED_WITH_KEY_TRACED,
 }
+
+
+def insert_unique_job(using, *, debounce=False, **values):
+    """Insert one job that holds ``values["unique_key"]`` while pending or active (see
+    ``sql.UNIQUE_HELD_SQL``); returns ``(id, due, created)``, or ``None`` when another job holds
+    the key (and, with ``debounce``, could not be updated: it started, or is of another type).
+    With ``debounce`` a holder still pending and never claimed takes this call's run_after and
+    payload: ``created`` is then False and ``id`` is the holder's."""
+    scheduled = bool(values["run_after"] is not None or values["delay"])
+    variant = (
+        scheduled,
+        "debounce" if debounce else "unique",
+        values.get("traceparent") is not None,
+        values.get("serial_key") is not None,
+    )
+    rows = _execute(using, sql.INSERT_JOB_VARIANTS[variant], values)
+    if not rows:
+        return None
+    row = rows[0]
+    return (row[0], row[1], row[2] if debounce else True)
+
+
+def unique_holder(using, unique_key):
+    """``(id, type, queue)`` of the job holding ``unique_key`` now, or ``None``."""
+    rows = _execute(using, sql.SELECT_UNIQUE_HOLDER, {"unique_key": unique_key})
+    return rows[0] if rows else None
 
 
 def insert_jobs(using, *, columns, traceparent=None):
@@ -444,10 +477,30 @@ def count_due(using, queues, bound=10000):
     return _execute(using, sql.COUNT_DUE, {"queues": list(queues), "bound": bound})[0][0]
 
 
+REQUEUE_TRIES = 3  # a holder of a unique key enqueued during the requeue: read again, retry
+
+
 def requeue(using, ids):
     """Dead or cancelled jobs back to pending with attempts reset; returns ``{id: queue}`` of the
-    jobs moved (the caller wakes their queues: ``wakeup.jobs_ready``)."""
-    return dict(_execute(using, sql.REQUEUE_JOBS, {"ids": list(ids)}))
+    jobs moved (the caller wakes their queues: ``wakeup.jobs_ready``). A job whose unique key
+    another job holds now stays where it is (:func:`requeue_blocked` says which and why)."""
+    params = {"ids": list(ids)}
+    for tries in range(1, REQUEUE_TRIES + 1):
+        try:
+            # A savepoint: a unique violation (a holder committed between this statement's
+            # snapshot and its write) must not abort the caller's transaction.
+            with transaction.atomic(using=using):
+                return dict(_execute(using, sql.REQUEUE_JOBS, params))
+        except IntegrityError:
+            if tries == REQUEUE_TRIES:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def requeue_blocked(using, ids):
+    """``[(id, unique_key, holder_id, holder_state), ...]``: which of the dead or cancelled jobs
+    among ``ids`` cannot be requeued because another job holds their unique key now."""
+    return _execute(using, sql.REQUEUE_BLOCKED_BY_UNIQUE, {"ids": list(ids)})
 
 
 def run_now(using, ids):

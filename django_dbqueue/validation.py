@@ -86,6 +86,28 @@ def key(value, label="idempotency_key", error=ValueError):
     return name(value, label, max_length=MAX_KEY, error=error)
 
 
+UNIQUE_WHILE = ("pending", "active")
+
+
+def unique_while(value, label="unique_while", error=ValueError):
+    """``"pending"`` (the key is held until the job first starts) or ``"active"`` (until it
+    finishes)."""
+    if value not in UNIQUE_WHILE or not isinstance(value, str):
+        raise error(f"{label} must be 'pending' or 'active', got {shown(value)}")
+    return value
+
+
+def job_key(value, label, error=ValueError):
+    """A unique or serial key: a str (rules of :func:`key`) or an int, stored as text."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if len_digits(value) > MAX_KEY:
+            raise error(f"{label} must be at most {MAX_KEY} characters, got {shown(value)}")
+        value = str(value)
+    if not isinstance(value, str):
+        raise error(f"{label} must be a str or an int, got {type(value).__name__} {shown(value)}")
+    return key(value, label, error=error)
+
+
 def integer(value, label, *, minimum, maximum=INT32_MAX, error=ValueError):
     """An ``int`` (not a bool, not a float that happens to be whole) in ``minimum..maximum``."""
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:

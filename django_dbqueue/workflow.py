@@ -15,7 +15,7 @@ from .exceptions import EnqueueError, UnknownJobType
 
 ON_FAILURE = ("cancel", "run")
 
-_OPTIONS = ("queue", "priority", "run_after", "delay", "max_attempts")
+_OPTIONS = ("queue", "priority", "run_after", "delay", "max_attempts", "serial_key")
 
 
 class WorkflowJob:
@@ -51,8 +51,8 @@ class Workflow:
 
     def add(self, type, payload=None, *, depends_on=(), on_failure="cancel", **options):
         """Add a job; ``options`` are ``enqueue()``'s ``queue``, ``priority``, ``run_after``,
-        ``delay`` and ``max_attempts``. ``depends_on``: jobs of this workflow, ``EnqueuedJob`` or
-        ids. ``on_failure``: ``"cancel"`` (default: cancelled when a dependency dies or is
+        ``delay``, ``max_attempts`` and ``serial_key``. ``depends_on``: jobs of this workflow,
+        ``EnqueuedJob`` or ids. ``on_failure``: ``"cancel"`` (default: cancelled when a dependency dies or is
         cancelled) or ``"run"`` (runs anyway, once every dependency has finished)."""
         unknown = sorted(set(options) - set(_OPTIONS))
         if unknown:
@@ -152,8 +152,14 @@ class Workflow:
                         idempotency_key=None,
                         max_attempts=job.options.get("max_attempts"),
                         conf=conf,
+                        serial_key=job.options.get("serial_key"),
                     )
                 )
+                if prepared[-1]["unique_key"] is not None:
+                    raise EnqueueError(
+                        f"job type {job.type!r} has a unique_key (@job(unique_key=...)); a job "
+                        "of a workflow cannot be unique"
+                    )
             except (EnqueueError, UnknownJobType) as exc:
                 raise type(exc)(f"workflow job #{job.index}: {exc}") from exc
             except payloads.PayloadError as exc:

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("django_dbqueue", "0010_flow_control"),
+        ("django_dbqueue", "0011_unique_and_serial"),
     ]
 
     operations = [

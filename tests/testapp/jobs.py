@@ -142,3 +142,33 @@ def collect_atomic(ctx):
             [ctx.id, ctx.attempt, ctx.worker_id, os.getpid()],
         )
     return sorted(ctx.dependency_results())
+
+
+# Flow control (docs/concepts.md): @job defaults computed from the payload at enqueue.
+@job("serial-record", serial_key=lambda payload: payload.get("account"))
+def serial_record(ctx):
+    """Record (key, start, end) of each run in testapp_serial_run, sleeping ``sleep`` seconds
+    in between: how tests see whether runs of one key overlap. The key recorded is the
+    payload's ``label`` or else its ``account``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testapp_serial_run (job_id, attempt, key, pid, started) "
+            "VALUES (%s, %s, %s, %s, clock_timestamp()) RETURNING id",
+            [
+                ctx.id,
+                ctx.attempt,
+                str(ctx.payload.get("label", ctx.payload.get("account"))),
+                os.getpid(),
+            ],
+        )
+        run_id = cursor.fetchone()[0]
+    time.sleep(ctx.payload.get("sleep", 0))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE testapp_serial_run SET finished = clock_timestamp() WHERE id = %s", [run_id]
+        )
+
+
+@job("unique-record", unique_key=lambda payload: payload.get("key"), unique_while="pending")
+def unique_record(ctx):
+    record(ctx)

@@ -32,3 +32,20 @@ class ProviderCall(models.Model):
 
     def __str__(self):
         return self.key
+
+
+class SerialRun(models.Model):
+    """One row per run of the ``serial-record`` job: when it started and finished, per key."""
+
+    job_id = models.BigIntegerField()
+    attempt = models.IntegerField()
+    key = models.CharField(max_length=300)
+    pid = models.IntegerField()
+    started = models.DateTimeField()
+    finished = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "testapp_serial_run"
+
+    def __str__(self):
+        return f"job {self.job_id} key {self.key}"

@@ -101,3 +101,44 @@ def test_shown_never_raises():
     assert validation.shown(deep)  # reprlib stops at its level limit
     assert validation.shown(10**10_000) == "an integer of 10001 digits"
     assert len(validation.shown("x" * 10_000)) < 80
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: validation.unique_while("running"),
+            "unique_while must be 'pending' or 'active', got 'running'",
+        ),
+        (
+            lambda: validation.unique_while(["pending"]),
+            "unique_while must be 'pending' or 'active', got ['pending']",
+        ),
+        (
+            lambda: validation.job_key(1.0, "serial_key"),
+            "serial_key must be a str or an int, got float 1.0",
+        ),
+        (
+            lambda: validation.job_key(True, "serial_key"),
+            "serial_key must be a str or an int, got bool True",
+        ),
+        (
+            lambda: validation.job_key(10**400, "unique_key"),
+            "unique_key must be at most 300 characters, got an integer of 401 digits",
+        ),
+        (
+            lambda: validation.job_key("a\x00b", "unique_key"),
+            "unique_key 'a\\x00b' contains a NUL character",
+        ),
+    ],
+)
+def test_flow_control_keys_and_modes(call, message):
+    with pytest.raises(ValueError) as excinfo:
+        call()
+    assert str(excinfo.value).startswith(message)
+
+
+def test_keys_accept_str_and_int():
+    assert validation.job_key(42, "serial_key") == "42"
+    assert validation.job_key("acct:1", "serial_key") == "acct:1"
+    assert validation.unique_while("pending") == "pending"

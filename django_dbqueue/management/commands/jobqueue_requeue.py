@@ -70,6 +70,13 @@ class Command(BaseCommand):
         wakeup.jobs_ready(conf.DATABASE, moved.values())
         self.stdout.write(f"requeued {len(moved)} of {len(ids)} job(s)")
         left = sorted(set(ids) - set(moved))
+        blocked = store.requeue_blocked(conf.DATABASE, left) if left else []
+        for job_id, key, holder, state in blocked:
+            self.stderr.write(
+                f"left alone: job {job_id}: its unique key {key!r} is held by job {holder} "
+                f"({state}); requeue it once that job has finished"
+            )
+        left = sorted(set(left) - {row[0] for row in blocked})
         if left:
             self.stderr.write(f"left alone (not dead or cancelled, or no such job): {left}")
 
