@@ -122,6 +122,12 @@ class Session:
             conn.execute("SET plan_cache_mode TO force_custom_plan", prepare=False)
         self.conn = conn
 
+    def connection(self):
+        """The open psycopg connection (opened now if need be)."""
+        if self.conn is None or self.conn.closed:
+            self._connect()
+        return self.conn
+
     def execute(self, statement, params):
         """Run one statement; returns its rows (``[]`` when it returns none)."""
         if self.conn is None or self.conn.closed:

@@ -130,46 +130,78 @@ def commit_and_notify(connection, sends):
 
     This drives libpq directly (psycopg.pq) rather than through psycopg's ``pipeline()``: with
     psycopg's pure-Python build that costs a few ctypes calls instead of about as much CPU as
-    the COMMIT itself (measured in benchmarks/README.md).
+    the COMMIT itself (``benchmarks/commit_wakeup.py``).
     """
     from psycopg import errors, pq
 
+    results = _notify_pipeline(connection, sends, commit=True)
+    if results is False:
+        return False
+    encoding = connection.info.encoding
+    commit = results[0] if results else None
+    if commit is None or commit.status != pq.ExecStatus.COMMAND_OK:
+        if commit is not None and commit.status == pq.ExecStatus.FATAL_ERROR:
+            raise errors.error_from_result(commit, encoding=encoding)
+        raise errors.OperationalError("the COMMIT's result did not come back")
+    return _first_error(results[1:], encoding)
+
+
+def notify_now(connection, sends):
+    """Send the wake-ups ``[(channel, payloads), ...]`` on ``connection`` (a psycopg connection
+    in autocommit, idle: a wake-up sender's own, or Django's outside a transaction) as one
+    transaction of their own that does not wait for the WAL flush, in one round trip, driving
+    libpq directly as :func:`commit_and_notify` does. Raises what went wrong; returns False,
+    having done nothing, when the connection is not idle (a transaction is open: the caller
+    must not turn off synchronous commit for it)."""
+    results = _notify_pipeline(connection, sends, commit=False)
+    if results is False:
+        return False
+    error = _first_error(results, connection.info.encoding)
+    if error is not None:
+        raise error
+    return None
+
+
+def _first_error(results, encoding):
+    from psycopg import errors, pq
+
+    for result in results:
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            return errors.error_from_result(result, encoding=encoding)
+    return None
+
+
+def _notify_pipeline(connection, sends, *, commit):
+    """Run [COMMIT,] NOTIFY_ONE per payload in one libpq pipeline; the results in order, or
+    False when the connection is not in the state this needs (nothing sent)."""
+    from psycopg import pq
+
     pgconn = connection.pgconn
+    wanted = pq.TransactionStatus.INTRANS if commit else pq.TransactionStatus.IDLE
     with connection.lock:
-        if (
-            pgconn.transaction_status != pq.TransactionStatus.INTRANS
-            or pgconn.pipeline_status != pq.PipelineStatus.OFF
-        ):
+        if pgconn.transaction_status != wanted or pgconn.pipeline_status != pq.PipelineStatus.OFF:
             return False
         encoding = connection.info.encoding
         pgconn.enter_pipeline_mode()
         try:
-            pgconn.send_query_params(b"COMMIT", None)
+            if commit:
+                pgconn.send_query_params(b"COMMIT", None)
             for channel, payloads in sends:
                 for item in payloads:
                     pgconn.send_query_params(
                         sql.NOTIFY_ONE, [channel.encode(encoding), item.encode(encoding)]
                     )
             pgconn.pipeline_sync()
-            results = _pipeline_results(pgconn)
+            return _pipeline_results(pgconn)
         finally:
             if pgconn.pipeline_status != pq.PipelineStatus.OFF:
                 try:
                     pgconn.exit_pipeline_mode()
                 except Exception:
                     # Interrupted with results still in flight, or broken: never hand such a
-                    # connection back to Django half-way through a pipeline: closed (the caller
-                    # closes Django's wrapper too, which reconnects at its next use).
+                    # connection back half-way through a pipeline: closed (the caller closes
+                    # Django's wrapper too, which reconnects at its next use).
                     connection.close()
-    commit = results[0] if results else None
-    if commit is None or commit.status != pq.ExecStatus.COMMAND_OK:
-        if commit is not None and commit.status == pq.ExecStatus.FATAL_ERROR:
-            raise errors.error_from_result(commit, encoding=encoding)
-        raise errors.OperationalError("the COMMIT's result did not come back")
-    for result in results[1:]:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            return errors.error_from_result(result, encoding=encoding)
-    return None
 
 
 def _pipeline_results(pgconn):

@@ -295,7 +295,11 @@ class _Coalescer:
             self.give_back(using, [(channel, payloads)])
             return
         try:
-            store.notify_workers(using, channel=channel, payloads=payloads)
+            connection.ensure_connection()
+            with connection.wrap_database_errors:
+                sent = store.notify_now(connection.connection, [(channel, payloads)])
+            if sent is False:  # not idle after all: the statement, as before
+                store.notify_workers(using, channel=channel, payloads=payloads)
         except Exception as exc:  # the caller's data has committed: never raise into them
             logger.warning(
                 "dbqueue could not wake the workers (%s) after a commit on %r: %s; their poll "
@@ -381,7 +385,8 @@ class _Coalescer:
     @staticmethod
     def _send(session, using, channel, payloads):
         try:
-            store.notify_workers(session, channel=channel, payloads=payloads)
+            if store.notify_now(session.connection(), [(channel, payloads)]) is False:
+                store.notify_workers(session, channel=channel, payloads=payloads)
         except Exception as exc:
             session.reset()
             logger.warning(

@@ -115,6 +115,48 @@ def test_rate_limit_starts_per_sliding_window_across_workers(start_worker, setti
     assert span > 5.0 - 0.01, span
 
 
+def test_rate_limit_holds_and_leaks_nothing_when_a_worker_is_killed_mid_job(start_worker, settings):
+    settings.DBQUEUE = FLOW_DBQUEUE  # the lease (4 s) is fixed at enqueue time
+    jobs = [
+        job.id
+        for job in enqueue_many(
+            [{"type": "record", "payload": {"sleep": 0.3}, "queue": "rated"}] * 20
+        )
+    ]
+    workers = [
+        start_worker("--queues", "rated", "--concurrency", "4", settings=FLOW, name=f"k{i}")
+        for i in range(3)
+    ]
+    victim = wait_until(
+        lambda: next(
+            (w for w in workers if any(str(w.pid) in (r[2] or "") for r in effects(jobs))), None
+        ),
+        timeout=20,
+        message="a worker to start a job",
+    )
+    os.kill(victim.pid, signal.SIGKILL)
+    assert victim.wait_exit(10) == -signal.SIGKILL
+    wait_all_in_state(jobs, "done", timeout=40)
+    # Every claim, the killed worker's included, went through the window: the last start of
+    # every job (its successful run) keeps to 5 per second, and the killed worker's jobs,
+    # taken back at their lease's end, ran again within the limit (no leaked capacity: all
+    # done, at the limit's pace).
+    started = [
+        t.timestamp()
+        for (t,) in rows("SELECT started_at FROM dbqueue_job WHERE id = ANY(%s)", [jobs])
+    ]
+    assert _max_in_window(started, 1.0) <= 5
+    runs = {}
+    for job_id, _, _, pid in effects(jobs):
+        runs.setdefault(job_id, []).append(pid)
+    assert set(runs) == set(jobs)
+    assert all(pids[0] == victim.pid for pids in runs.values() if len(pids) > 1), runs
+    assert dict(states(jobs)) == {"done": len(jobs)}
+    for worker in workers:
+        if worker is not victim:
+            worker.assert_alive()
+
+
 def test_paused_queue_is_not_claimed_and_resume_wakes_the_workers(start_worker, settings):
     settings.DBQUEUE = FLOW_DBQUEUE
     worker = start_worker("--queues", "pausable,default", settings=FLOW)
