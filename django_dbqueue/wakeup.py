@@ -244,14 +244,11 @@ class _Coalescer:
     def take(self, using, channel, counts, now):
         """The payloads to send now for ``counts`` (queue -> jobs) committed at ``now``; the rest
         wait for the trailing notification (the sender thread is told)."""
-        send = []
         with self._cond:
-            for queue, count in counts.items():
+            send, rest = self._take_due(using, channel, counts, now)
+            for queue, count in rest.items():
                 key = (using, channel, queue)
-                if now - self._last.get(key, -math.inf) >= WINDOW:
-                    self._last[key] = now
-                    send.append(payload(count + self._pending.pop(key, 0), queue))
-                elif key in self._pending:  # the sender already knows when it falls due
+                if key in self._pending:  # the sender already knows when it falls due
                     self._pending[key] += count
                 else:
                     self._pending[key] = count
@@ -263,15 +260,18 @@ class _Coalescer:
         """Before a commit: the payloads of the queues whose window has passed (each with the
         count of earlier commits waiting for the trailing notification), and the counts of
         the others, left untouched (they go to take() after the commit)."""
-        send, rest = [], {}
         with self._cond:
-            for queue, count in counts.items():
-                key = (using, channel, queue)
-                if now - self._last.get(key, -math.inf) >= WINDOW:
-                    self._last[key] = now
-                    send.append(payload(count + self._pending.pop(key, 0), queue))
-                else:
-                    rest[queue] = count
+            return self._take_due(using, channel, counts, now)
+
+    def _take_due(self, using, channel, counts, now):
+        send, rest = [], {}
+        for queue, count in counts.items():
+            key = (using, channel, queue)
+            if now - self._last.get(key, -math.inf) >= WINDOW:
+                self._last[key] = now
+                send.append(payload(count + self._pending.pop(key, 0), queue))
+            else:
+                rest[queue] = count
         return send, rest
 
     def give_back(self, using, sends):
