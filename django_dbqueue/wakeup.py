@@ -245,7 +245,7 @@ class _Coalescer:
         """The payloads to send now for ``counts`` (queue -> jobs) committed at ``now``; the rest
         wait for the trailing notification (the sender thread is told)."""
         with self._cond:
-            send, rest = self._take_due(using, channel, counts, now)
+            send, rest = self._split_due(using, channel, counts, now)
             for queue, count in rest.items():
                 key = (using, channel, queue)
                 if key in self._pending:  # the sender already knows when it falls due
@@ -261,9 +261,9 @@ class _Coalescer:
         count of earlier commits waiting for the trailing notification), and the counts of
         the others, left untouched (they go to take() after the commit)."""
         with self._cond:
-            return self._take_due(using, channel, counts, now)
+            return self._split_due(using, channel, counts, now)
 
-    def _take_due(self, using, channel, counts, now):
+    def _split_due(self, using, channel, counts, now):
         send, rest = [], {}
         for queue, count in counts.items():
             key = (using, channel, queue)
