@@ -36,6 +36,14 @@ class QueueStateAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    def has_change_permission(self, request, obj=None):
+        # The change permission is what Pause and Resume need (checked with obj=None), but a
+        # queue's own page must never save: its Save would write back a paused flag read before
+        # someone else's pause or resume. The page is read-only; the actions change queues.
+        if obj is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
     def changelist_view(self, request, extra_context=None):
         using = get_settings().DATABASE
         store.ensure_queues(using, list(get_settings().QUEUES))  # a row per configured queue

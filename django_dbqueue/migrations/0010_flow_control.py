@@ -21,9 +21,10 @@ from django.db import migrations, models
 # - (b) Fresh statements count running jobs of each limited queue, and of each limited type in
 #   every queue (a type is limited fleet-wide), and read the rate windows. A job whose lease ran
 #   out still counts until the sweeper takes it back: its worker may be stopped, not dead.
-# - (c) Candidates are taken in claim order with SKIP LOCKED, honouring serial keys as
-#   sql.CLAIM_JOBS does (dbqueue_serial_turn() comes with migration 0011; PL/pgSQL resolves it
-#   when the claim runs), within the room of their queue,
+# - (c) Candidates are taken in claim order with SKIP LOCKED (migration 0011 adds the serial-key
+#   test of sql.CLAIM_JOBS to both scans), never twice (a later pass skips what an earlier one
+#   picked: this transaction's own locks do not make SKIP LOCKED skip them), within the room of
+#   their queue,
 #   their type and their rate partition. A keyed rate limit's partition rows are found while
 #   scanning, so they are taken with SKIP LOCKED instead of waiting (no lock order is possible
 #   there): a partition another claimer holds is passed over this time, and the result tells
@@ -180,7 +181,6 @@ BEGIN
             got := ARRAY(
                 SELECT j.id FROM dbqueue_job AS j
                 WHERE j.state = 'pending' AND j.queue = p_queues[i] AND j.run_after <= now()
-                  AND (j.serial_key IS NULL OR dbqueue_serial_turn(j.serial_key, j.id))
                 ORDER BY j.priority DESC, j.run_after, j.id
                 LIMIT want
                 FOR UPDATE SKIP LOCKED
@@ -207,7 +207,7 @@ BEGIN
                 SELECT j.id AS jid, j.type::text AS jtype, j.payload AS jpayload
                 FROM dbqueue_job AS j
                 WHERE j.state = 'pending' AND j.queue = p_queues[i] AND j.run_after <= now()
-                  AND (j.serial_key IS NULL OR dbqueue_serial_turn(j.serial_key, j.id))
+                  AND NOT (j.id = ANY(picked))
                   AND NOT (j.type = ANY(full_types))
                   AND NOT (cardinality(full_parts) > 0 AND (
                       'queue' || chr(31) || p_queues[i] || chr(31)

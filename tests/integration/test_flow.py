@@ -367,3 +367,34 @@ def test_running_counts_read_the_running_index_not_the_history():
                 n.get("Index Name") for n in _walk(plan[0]["Plan"]) if "Scan" in n["Node Type"]
             ]
             assert scans == ["dbqueue_job_lease_idx"], scans
+
+
+def test_a_later_pass_of_the_limited_claim_never_takes_a_job_twice():
+    # One job of account A ahead of a backlog of B that fills the first pass's bound: the second
+    # pass must not pick A's job again (this transaction's own lock does not make SKIP LOCKED
+    # skip it), which would spend two of A's starts on one job.
+    enqueue_many(
+        [{"type": "record", "payload": {"acct": "A"}, "priority": 5}]
+        + [{"type": "record", "payload": {"acct": "B"}}] * 1100
+    )
+    params = dict(
+        store.claim_statement(worker_id="w", queues=["default"], limits=[50], limit=50, token=7)[1]
+    )
+    params.update(
+        q_conc=[None],
+        q_rate_n=[10],
+        q_rate_period=[60.0],
+        q_rate_key=["acct"],
+        t_names=[],
+        t_conc=[],
+        t_rate_n=[],
+        t_rate_period=[],
+        t_rate_key=[],
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql.CLAIM_LIMITED, params)
+        claimed = store.claimed_rows(cursor.fetchall())
+        cursor.execute("SELECT part, cardinality(starts) FROM dbqueue_limiter ORDER BY part")
+        starts = dict(cursor.fetchall())
+    assert len(claimed) == len({row.id for row in claimed}) == 11
+    assert starts == {"A": 1, "B": 10}

@@ -109,3 +109,17 @@ def test_status_shows_paused_queues_and_limits(capsys, settings):
     report = json.loads(capsys.readouterr().out)
     assert report["flow"]["queues"]["emails"]["paused"] is True
     assert report["flow"]["queues"]["default"]["global_concurrency"] == 3
+
+
+def test_a_queue_page_never_saves_its_pause_flag_back(admin_client):
+    from django_dbqueue import pause_queue
+    from django_dbqueue.models import QueueState
+
+    admin_client.get("/admin/django_dbqueue/queuestate/")  # creates a row per configured queue
+    pk = QueueState.objects.get(name="default").pk
+    page = admin_client.get(f"/admin/django_dbqueue/queuestate/{pk}/change/")
+    assert page.status_code == 200  # viewable
+    pause_queue("default", by="someone else")
+    posted = admin_client.post(f"/admin/django_dbqueue/queuestate/{pk}/change/", {})
+    assert posted.status_code == 403  # no Save: it would write back the flag it read
+    assert QueueState.objects.get(name="default").paused
