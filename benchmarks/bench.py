@@ -182,7 +182,9 @@ def ensure_database(db, name):
             print(f"created database {name}")
 
 
-def setup_django(db, *, migrate=True, log_jobs=False):
+def setup_django(db, *, migrate=True, log_jobs=False, dbqueue=None):
+    """Django for a benchmark process: the bench database, the package and the invoice app.
+    ``dbqueue``: the DBQUEUE setting (default: the one queue, every other key at its default)."""
     # --log-jobs: the one-line-per-success log on, written to /dev/null, to price it.
     jobs_logging = {
         "version": 1,
@@ -199,7 +201,7 @@ def setup_django(db, *, migrate=True, log_jobs=False):
         USE_TZ=True,
         TIME_ZONE="UTC",
         DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-        DBQUEUE={"QUEUES": {QUEUE: {}}},  # every other key at its default
+        DBQUEUE=dbqueue if dbqueue is not None else {"QUEUES": {QUEUE: {}}},
     )
     django.setup()
     if migrate:

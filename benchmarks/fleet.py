@@ -69,6 +69,7 @@ from benchmarks.bench import (  # noqa: E402 - after the path set-up above
     libpq_params,
     machine_facts,
 )
+from benchmarks.bench import setup_django as bench_setup_django  # noqa: E402
 
 APP_NAME = "dbqueue-fleet"  # application_name of every producer connection (PGAPPNAME)
 FLEET_QUEUE = "fleet"  # the producers' queue; the wake-up worker serves only "default"
@@ -92,24 +93,7 @@ WHERE datname = current_database() AND application_name = %(app)s AND pid <> pg_
 # --------------------------------------------------------------------------------------------
 def setup_django(db, *, migrate=True):
     """bench.py's settings, with a second queue for the producers."""
-    import django
-    from django.conf import settings
-
-    settings.configure(
-        DEBUG=False,
-        SECRET_KEY="django-dbqueue-bench-not-a-secret",
-        DATABASES={"default": db},
-        INSTALLED_APPS=["django_dbqueue", "benchmarks.benchapp"],
-        USE_TZ=True,
-        TIME_ZONE="UTC",
-        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-        DBQUEUE={"QUEUES": {"default": {}, FLEET_QUEUE: {}}},
-    )
-    django.setup()
-    if migrate:
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+    bench_setup_django(db, migrate=migrate, dbqueue={"QUEUES": {"default": {}, FLEET_QUEUE: {}}})
 
 
 def bare_values(invoice_id):

@@ -49,6 +49,8 @@ SIDES = {
 }
 
 # The claim before flow control (main at 59a697a): sql.CLAIM_JOBS without the claimable CTE.
+# A frozen copy on purpose: the "before" side of the claim-cost comparison must not follow
+# sql.CLAIM_JOBS as it changes.
 CLAIM_BEFORE = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -85,23 +87,14 @@ RETURNING j.id, j.type, j.queue, j.payload::text, j.attempts, j.max_attempts, j.
 
 def child_main(args):
     """One worker process: set up, say ready, wait for "go", drain, exit."""
-    import django
-    from django.conf import settings
-
     db = bench.bench_database(args)
-    settings.configure(
-        DEBUG=False,
-        SECRET_KEY="django-dbqueue-bench-not-a-secret",
-        DATABASES={"default": db},
-        INSTALLED_APPS=["django_dbqueue", "benchmarks.benchapp"],
-        USE_TZ=True,
-        TIME_ZONE="UTC",
-        DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
-        # A worker held back by the limit with nothing in flight looks again at its poll; both
-        # sides poll at 0.2 s so that the last claims of a burst run do not wait 2 s.
-        DBQUEUE={"QUEUES": {QUEUE: SIDES[args.child]}, "STATUS_INTERVAL": 0, "POLL_INTERVAL": 0.2},
+    # A worker held back by the limit with nothing in flight looks again at its poll; both
+    # sides poll at 0.2 s so that the last claims of a burst run do not wait 2 s.
+    bench.setup_django(
+        db,
+        migrate=False,
+        dbqueue={"QUEUES": {QUEUE: SIDES[args.child]}, "STATUS_INTERVAL": 0, "POLL_INTERVAL": 0.2},
     )
-    django.setup()
     from django_dbqueue.worker import Worker
 
     worker = Worker(burst=True, concurrency=10, listen=False)
@@ -135,7 +128,10 @@ def drain(env, args, side):
 
 
 def claim_loop(conn, statement, n, worker):
-    """``n`` claims of 10 jobs; returns seconds per claim."""
+    """``n`` claims of 10 jobs, each read into ClaimedRows as the worker does (the statement
+    before returns typed rows, today's one JSON value); returns seconds per claim."""
+    from django_dbqueue import store
+
     params = {
         "worker": worker,
         "queues": [QUEUE],
@@ -146,7 +142,7 @@ def claim_loop(conn, statement, n, worker):
     }
     started = time.perf_counter()
     for _ in range(n):
-        rows = conn.execute(statement, params, prepare=True).fetchall()
+        rows = store.claimed_rows(conn.execute(statement, params, prepare=True).fetchall())
         assert len(rows) == 10, len(rows)
     return (time.perf_counter() - started) / n
 

@@ -249,17 +249,11 @@ def test_unlimited_claim_is_one_statement_and_keeps_its_plan_with_the_pause_filt
     assert len(queries) == 1
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE dbqueue_job")
-        cursor.execute(
-            "EXPLAIN (FORMAT JSON) " + sql.CLAIM_JOBS,
-            {
-                "worker": "w",
-                "queues": ["default"],
-                "limits": [10],
-                "limit": 10,
-                "token": 1,
-                "commit": None,
-            },
+        statement, params = store.claim_statement(
+            worker_id="w", queues=["default"], limits=[10], limit=10, token=1
         )
+        assert statement == sql.CLAIM_JOBS  # no limit configured: the plain claim
+        cursor.execute("EXPLAIN (FORMAT JSON) " + statement, params)
         plan = cursor.fetchone()[0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
     text = json.dumps(plan)
