@@ -164,10 +164,19 @@ class TableCollector:
         self._taken = None  # time.monotonic() of the last query
         self.queries = 0  # statements run, for the tests and the benchmark
         # A --processes child forked after a scrape must not touch (or, exiting, terminate)
-        # the parent's connection: it forgets it without closing it.
-        os.register_at_fork(after_in_child=self._forget_connection)
+        # the parent's connection: it forgets it without closing it. And no child is forked
+        # while a scrape's query runs in the parent's HTTP thread: a fork in the middle of its
+        # connect copied libpq's locks held, and the child hung in its own first connect
+        # (seen in CI: a --processes 2 worker stuck in PQconnectPoll). The fork waits for the
+        # query, which is bounded, by taking the lock the query holds.
+        os.register_at_fork(
+            before=self._lock.acquire,
+            after_in_parent=self._lock.release,
+            after_in_child=self._after_fork_in_child,
+        )
 
-    def _forget_connection(self):
+    def _after_fork_in_child(self):
+        self._lock = threading.Lock()
         self._session.conn = None
 
     def snapshot(self):
