@@ -137,6 +137,7 @@ def claim_loop(conn, statement, n, worker):
         "queues": [QUEUE],
         "limits": [10],
         "limit": 10,
+        "threads": 10,
         "token": 1,
         "commit": "off",
     }

@@ -23,6 +23,7 @@ class Entry:
     lost: bool = False  # the lease went to someone else: never start it, discard its outcome
     released: bool = False  # handed back at shutdown
     withdrawn: bool = False  # cancelled before it started: never start it; its end is written
+    keyed: bool = False  # it has a serial key
 
     @property
     def given_up(self):

@@ -323,6 +323,14 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 #   expired lease back. Cost: the scan passes over the blocked jobs of busy keys on its way to
 #   claimable ones, so a long backlog behind one key in a shared queue makes every claim of that
 #   queue read it (give such keys their own queue).
+# - A keyed job holds its key for the fleet from its claim on, so it is never claimed ahead of a
+#   free handler thread: of the candidates, at most %(threads)s keyed ones are taken (the rest
+#   of the batch, the prefetch, is unkeyed); the worker hands them to its threads first, so each
+#   starts at once instead of waiting in its buffer behind prefetched jobs while the key's other
+#   jobs and the other workers wait for it. The keyed candidates left out stay pending (their
+#   row locks end with the statement). The batch says which jobs are keyed (the last element),
+#   because the end of one may make its key's next job claimable, which no notification says.
+#   (A UNION ALL rather than a window over the candidates: measured cheaper, ~5% of a claim.)
 CLAIM_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -334,10 +342,10 @@ claimable AS MATERIALIZED (
     WHERE NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = u.name AND p.paused)
 ),
 candidates AS MATERIALIZED (
-    SELECT c.id
+    SELECT c.id, c.priority, c.run_after, c.keyed
     FROM claimable AS q
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_after
+        SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
         FROM dbqueue_job AS j
         WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
           AND (j.serial_key IS NULL OR dbqueue_serial_turn(j.serial_key, j.id))
@@ -348,6 +356,13 @@ candidates AS MATERIALIZED (
     ORDER BY c.priority DESC, c.run_after, c.id
     LIMIT %(limit)s
 ),
+chosen AS MATERIALIZED (
+    SELECT c.id FROM candidates AS c WHERE NOT c.keyed
+    UNION ALL
+    (SELECT c.id FROM candidates AS c WHERE c.keyed
+     ORDER BY c.priority DESC, c.run_after, c.id
+     LIMIT %(threads)s)
+),
 claimed AS (
     UPDATE dbqueue_job AS j
     SET state = 'running',
@@ -356,15 +371,16 @@ claimed AS (
         lease_token = %(token)s,
         started_at = now(),
         leased_until = now() + j.lease_seconds * interval '1 second'
-    FROM candidates, commit_mode
-    WHERE j.id = candidates.id
+    FROM chosen, commit_mode
+    WHERE j.id = chosen.id
     RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
               j.idempotency_key, j.priority, j.created_at,
-              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after
+              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
+              j.serial_key IS NOT NULL AS keyed
 )
 SELECT json_agg(json_build_array(id, type, queue, payload, attempts, max_attempts,
                                  lease_seconds, idempotency_key, priority, created_at, wait,
-                                 traceparent)
+                                 traceparent, keyed)
                 ORDER BY priority DESC, run_after, id)::text
 FROM claimed
 """

@@ -34,6 +34,7 @@ class ClaimedRow:
     created_at: object
     wait: float = 0.0  # seconds from run_after (due) to the claim, in database time
     traceparent: str | None = None  # the enqueuer's W3C trace context, if it had one
+    keyed: bool = False  # it has a serial key: its end may let its key's next job be claimed
 
 
 def _execute(db, statement, params):
@@ -289,10 +290,12 @@ def _commit(async_commit):
     return "off" if async_commit else None
 
 
-def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False, flow=None):
+def claim(
+    using, *, worker_id, queues, limits, limit, token, async_commit=False, flow=None, threads=None
+):
     """Claim up to ``limit`` due jobs from ``queues`` (``limits``: the cap of each queue) under
-    lease ``token`` (see :func:`new_token`). ``flow``: the fleet-wide limits
-    (``flow.claim_params``), or ``None`` for the plain claim."""
+    lease ``token`` (see :func:`new_token`), at most ``threads`` of them with a serial key.
+    ``flow``: the fleet-wide limits (``flow.claim_params``), or ``None`` for the plain claim."""
     statement = claim_statement(
         worker_id=worker_id,
         queues=queues,
@@ -301,17 +304,25 @@ def claim(using, *, worker_id, queues, limits, limit, token, async_commit=False,
         token=token,
         async_commit=async_commit,
         flow=flow,
+        threads=threads,
     )
     return claimed_rows(_execute(using, *statement))
 
 
-def claim_statement(*, worker_id, queues, limits, limit, token, async_commit=False, flow=None):
-    """:func:`claim`'s statement and parameters, for a Session's ``execute_pipelined``."""
+def claim_statement(
+    *, worker_id, queues, limits, limit, token, async_commit=False, flow=None, threads=None
+):
+    """:func:`claim`'s statement and parameters, for a Session's ``execute_pipelined``.
+
+    ``threads``: the handler threads free now, the most jobs with a serial key the claim takes
+    (a keyed job is never prefetched: it would hold its key while it waits); None: ``limit``.
+    """
     params = {
         "worker": worker_id,
         "queues": list(queues),
         "limits": list(limits),
         "limit": limit,
+        "threads": limit if threads is None else threads,
         "token": token,
         "commit": _commit(async_commit),
     }
@@ -327,6 +338,7 @@ class ClaimedRows(list):
 
     held = False
     reopen_in = None
+    keyed = False  # some job has a serial key
 
 
 def claimed_rows(rows):
@@ -339,6 +351,8 @@ def claimed_rows(rows):
         for item in json.loads(batch) if batch is not None else ():
             item[6] = float(item[6])  # lease_seconds: JSON writes 60.0 as 60
             item[9] = datetime.datetime.fromisoformat(item[9]).astimezone(datetime.UTC)
+            if item[12]:
+                claimed.keyed = True
             claimed.append(ClaimedRow(*item))
         return claimed
     for row in rows:
@@ -348,6 +362,8 @@ def claimed_rows(rows):
         else:
             row = list(row)
             row[3] = json.loads(row[3])  # payload
+            if row[12]:
+                claimed.keyed = True
             claimed.append(ClaimedRow(*row))
     return claimed
 

@@ -82,6 +82,16 @@ class Worker:
         self.adaptive_prefetch = conf.PREFETCH is None
         self.prefetch = self.concurrency if conf.PREFETCH is None else conf.PREFETCH
         self.prefetch_max = 4 * self.concurrency if conf.PREFETCH is None else conf.PREFETCH
+        # Fleet-wide limits (flow.py): None runs the plain claim. A limited claim says what held
+        # it back: a full concurrency limit (claim again when one of our jobs ends) or a rate
+        # window (claim again when it reopens, not at every poll).
+        self.flow = flow.claim_params(conf, self.queues)
+        if self.flow is not None:
+            # A job claimed under a fleet-wide limit takes a slot of the whole fleet from its
+            # claim on: never claim one ahead of a free thread, where it would wait in our
+            # buffer while other workers' threads sit idle. Such a worker does not prefetch.
+            self.adaptive_prefetch = False
+            self.prefetch = self.prefetch_max = 0
         self._starved = 0  # times a handler thread found no job waiting
         self.poll_interval = conf.POLL_INTERVAL if poll_interval is None else poll_interval
         self.burst = burst
@@ -96,10 +106,6 @@ class Worker:
             for name in self.queues
         ]
         self.async_commit = conf.ASYNC_COMMIT
-        # Fleet-wide limits (flow.py): None runs the plain claim. A limited claim says what held
-        # it back: a full concurrency limit (claim again when one of our jobs ends) or a rate
-        # window (claim again when it reopens, not at every poll).
-        self.flow = flow.claim_params(conf, self.queues)
         self._held = False
         self._reopen_at = None
         self.stopping = threading.Event()  # no more claims
@@ -108,6 +114,7 @@ class Worker:
         self._acks_ready = threading.Event()
         self._want_capacity = False
         self._claim_next = True  # claim at once: at start, after a notification, when capacity
+        self._keyed_due = False  # ... and at once when keyed jobs ended (Worker.finished)
         self._next_poll = 0.0  # ... or at the latest at the poll
         self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
         self._signals = 0
@@ -179,7 +186,8 @@ class Worker:
         written in the same round trip as the claim (two statements, one pipeline): a busy
         worker pays one round trip per batch, not two. Returns ``(claimed, asked)``.
         """
-        asked = self.free_slots()
+        occupied = self.inflight.occupied()
+        asked = self.concurrency + self.prefetch - occupied
         if self.max_jobs is not None:
             asked = min(asked, self.max_jobs - self.claimed_total)
         if asked <= 0 or self.stopping.is_set():
@@ -200,6 +208,8 @@ class Worker:
             token=token,
             async_commit=self.async_commit,
             flow=self.flow,
+            # A job with a serial key holds its key from its claim on: only for a free thread.
+            threads=max(0, self.concurrency - occupied),
         )
         if done:
             try:
@@ -234,9 +244,14 @@ class Worker:
                 JobContext(row, worker_id=self.worker_id, using=self.using),
                 token,
                 self._timeout_of(registry.get(row.type)),
+                keyed=row.keyed,
             )
             for row in rows
         ]
+        if rows.keyed:
+            # A keyed job was claimed for a free thread: it goes first (a stable sort keeps the
+            # claim's order otherwise), not behind the prefetched ones.
+            entries.sort(key=lambda entry: not entry.keyed)
         self.inflight.add(entries)
         self.pool.submit(entries)
         if rows and logger.isEnabledFor(logging.DEBUG):
@@ -298,11 +313,19 @@ class Worker:
         # burst run, when the worker went idle: it ends on an empty claim). Waking on every
         # finish would claim one job at a time; after a claim that came back short, the queue
         # was empty then and a new job announces itself.
+        # Its serial key's next job may be claimable now, and no notification says so. Keyed jobs
+        # are claimed for free threads only: claim when half of them are free (a batch, not a
+        # round trip per job) or nothing is left, without waiting for more completions.
+        keyed_due = entry.keyed and (
+            not occupied or self.concurrency - occupied >= (self.concurrency + 1) // 2
+        )
         if (
             (self._want_capacity and free >= self._min_batch)
             or (self.burst and not occupied)
             or self._held  # a fleet-wide limit was full: this job's slot may be ours again
+            or keyed_due
         ):
+            self._keyed_due = self._keyed_due or keyed_due
             self._claim_next = True
             self._wakeup.set()
 
@@ -444,7 +467,7 @@ class Worker:
                     self._next_poll = min(self._next_poll, self.acks.next_retry)
                     self.acks.next_retry = None
                 if claim_now:
-                    self._claim_next = False
+                    self._claim_next = self._keyed_due = False
                     claimed, asked = self.run_once(done)
                     self._next_poll = time.monotonic() + self.poll_interval
                     if self._reopen_at is not None:
@@ -514,8 +537,8 @@ class Worker:
         """Let a few completions gather into one statement, unless the slots want a claim."""
         if not self.acks.pending() or self.acks.full() or self.stopping.is_set():
             return
-        if self.free_slots() >= self._min_batch and self._want_capacity:
-            return
+        if self._keyed_due or (self.free_slots() >= self._min_batch and self._want_capacity):
+            return  # a claim is due: the completions go with it
         self._acks_ready.clear()
         self._acks_ready.wait(self.conf.ACK_INTERVAL)
 

@@ -19,3 +19,9 @@ def record_start(ctx):
     """Records when the handler started, first thing, so latency ends here."""
     started = time.perf_counter()
     STARTED.put((ctx.payload["seq"], started))
+
+
+@job("bench-sleep")
+def sleep(ctx):
+    """Sleeps ``payload["sleep"]`` seconds: a job that takes time, as real work does."""
+    time.sleep(ctx.payload["sleep"])

@@ -286,6 +286,26 @@ def test_worker_routes_only_limited_configurations_through_the_function(settings
         registry.unregister("limited-t")
 
 
+def test_a_worker_with_fleet_wide_limits_claims_only_for_its_free_threads(settings):
+    """A job claimed under a fleet-wide limit takes the fleet's slot at once: a worker never
+    claims one ahead of a free thread (no prefetch), so an idle worker can take it instead."""
+    from django_dbqueue.worker import Worker
+
+    settings.DBQUEUE = {"QUEUES": {"default": {"global_concurrency": 10}}}
+    enqueue_many([("noop", {})] * 10)
+    worker = Worker(concurrency=3, listen=False)
+    try:
+        assert worker.prefetch == 0
+        claimed, asked = worker.run_once()
+        assert (claimed, asked) == (3, 3)
+        assert running() == 3  # seven slots of the limit left for the rest of the fleet
+        assert worker.run_once() == (0, 0)  # every thread busy: no claim at all
+    finally:
+        worker.session.close()
+    rows = claim(10, limits(queue_conc=10), worker="w2")
+    assert len(rows) == 7 and not any(r.keyed for r in rows)
+
+
 def _walk(node):
     yield node
     for child in node.get("Plans", []):

@@ -8,6 +8,7 @@ also when that older one is being claimed on another connection right now.
 
 import datetime
 import json
+import threading
 
 import psycopg
 import pytest
@@ -19,7 +20,7 @@ from django_dbqueue.connections import connection_params
 from django_dbqueue.exceptions import JobRegistrationError
 from django_dbqueue.registry import unregister
 from django_dbqueue.sweeper import Sweeper
-from tests.utils import job_row, run_concurrently, scalar
+from tests.utils import job_row, run_concurrently, scalar, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -329,6 +330,77 @@ def test_claim_runs_one_job_per_serial_key_in_enqueue_order():
     finish(claimed[a1.id])
     (row,) = claim()
     assert row.id == a2.id
+
+
+def test_keyed_jobs_are_claimed_only_for_free_threads():
+    """A keyed job holds its key from its claim on: the prefetch part of a batch is unkeyed."""
+    free = [enqueue("record").id for _ in range(3)]
+    keyed = [enqueue("record", serial_key=f"k{i}").id for i in range(3)]
+    rows = store.claim(
+        "default",
+        worker_id="w",
+        queues=["default"],
+        limits=[10],
+        limit=10,
+        token=store.new_token(),
+        threads=2,
+    )
+    assert [r.id for r in rows] == free + keyed[:2]  # in the claim's order
+    assert [r.keyed for r in rows] == [False, False, False, True, True] and rows.keyed
+    assert job_row(keyed[2])["state"] == "pending"  # left for another worker's free thread
+    none = store.claim(
+        "default",
+        worker_id="w2",
+        queues=["default"],
+        limits=[10],
+        limit=10,
+        token=store.new_token(),
+        threads=0,
+    )
+    assert none == []
+    assert [r.id for r in claim()] == [keyed[2]]
+
+
+def test_the_worker_hands_keyed_jobs_to_its_free_threads_first(fast_settings):
+    """Claimed after an unkeyed job, the keyed one still goes to the free thread first, not
+    behind the prefetched job."""
+    from django_dbqueue.worker import Worker
+
+    free = enqueue("record").id
+    keyed = enqueue("record", serial_key="acct").id
+    worker = Worker(concurrency=1, listen=False)
+    try:
+        assert worker.run_once() == (2, 2)  # one thread, one prefetched
+        assert [e.ctx.id for e in worker.inflight.snapshot()] == [keyed, free]
+    finally:
+        worker.session.close()
+
+
+def test_a_worker_claims_its_keys_next_job_when_the_keyed_one_ends(fast_settings):
+    """The end of a keyed job makes its key's next job claimable and no notification says so:
+    the worker that ran it claims again at once, not at its next poll (an hour here)."""
+    from django_dbqueue.worker import Worker
+
+    ids = [enqueue("record", serial_key="acct").id for _ in range(3)]
+    worker = Worker(concurrency=2, poll_interval=3600, listen=False, max_jobs=3)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(
+            lambda: (
+                scalar(
+                    "SELECT count(*) FROM dbqueue_job WHERE id = ANY(%s) AND state = 'done'", [ids]
+                )
+                == 3
+            ),
+            timeout=15,
+            message="the three jobs of the key done",
+        )
+        assert worker.claims <= 6, worker.claims  # no poll: one claim per end, at most
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
 
 
 def test_a_retrying_older_job_holds_back_the_newer_ones_of_its_key():

@@ -149,6 +149,7 @@ def test_claim_plan_uses_the_partial_index_with_100k_finished_rows():
                 "queues": ["default"],
                 "limits": [10],
                 "limit": 10,
+                "threads": 10,
                 "token": 1,
                 "commit": "off",
             },
