@@ -327,10 +327,14 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 #   free handler thread: of the candidates, at most %(threads)s keyed ones are taken (the rest
 #   of the batch, the prefetch, is unkeyed); the worker hands them to its threads first, so each
 #   starts at once instead of waiting in its buffer behind prefetched jobs while the key's other
-#   jobs and the other workers wait for it. The keyed candidates left out stay pending (their
-#   row locks end with the statement). The batch says which jobs are keyed (the last element),
-#   because the end of one may make its key's next job claimable, which no notification says.
-#   (A UNION ALL rather than a window over the candidates: measured cheaper, ~5% of a claim.)
+#   jobs and the other workers wait for it. With no free thread the scan leaves keyed jobs out
+#   (unlocked, their turn never tested); otherwise the keyed candidates left out stay pending,
+#   locked only until this statement's transaction ends. The batch says which jobs are keyed
+#   (the last element), because the end of one may make its key's next job claimable, which no
+#   notification says, and because a batch that this rule may have cut short (as many keyed jobs
+#   as free threads, or no free thread) must not be mistaken for an empty queue. (A UNION ALL
+#   rather than a window over the candidates: measured cheaper, ~5% of a claim; a count of the
+#   candidates cost as much again, so the worker infers the cut instead.)
 CLAIM_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -348,7 +352,8 @@ candidates AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
         FROM dbqueue_job AS j
         WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
-          AND (j.serial_key IS NULL OR dbqueue_serial_turn(j.serial_key, j.id))
+          AND (j.serial_key IS NULL
+               OR (%(threads)s > 0 AND dbqueue_serial_turn(j.serial_key, j.id)))
         ORDER BY j.priority DESC, j.run_after, j.id
         LIMIT q.lim
         FOR UPDATE SKIP LOCKED
@@ -388,7 +393,9 @@ FROM claimed
 # The claim of a worker with a fleet-wide concurrency or rate limit configured: still one
 # statement, around dbqueue_claim_limited() (migration 0010 says why it is a function: the
 # counts must be read after the limiter locks, with a newer snapshot than this statement's).
-# Same columns as CLAIM_JOBS; after the jobs, at most one row with a NULL id that says what
+# Same columns as CLAIM_JOBS, plus ``keyed`` (read here, by primary key, rather than returned by
+# the function: a new column in its result would break the workers of the previous release
+# during a rolling deploy); after the jobs, at most one row with a NULL id that says what
 # held the claim back (see store.claimed_rows). Parameters as CLAIM_JOBS, plus per queue its
 # fleet-wide concurrency and rate limit (NULL: none) and the limited types with theirs.
 CLAIM_LIMITED = """
@@ -396,7 +403,7 @@ WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
 )
-SELECT f.*
+SELECT f.*, (SELECT j.serial_key IS NOT NULL FROM dbqueue_job AS j WHERE j.id = f.id) AS keyed
 FROM commit_mode,
      dbqueue_claim_limited(
          %(queues)s::text[], %(limits)s::int[], %(limit)s, %(worker)s, %(token)s,

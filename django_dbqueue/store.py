@@ -338,7 +338,7 @@ class ClaimedRows(list):
 
     held = False
     reopen_in = None
-    keyed = False  # some job has a serial key
+    keyed = 0  # how many jobs have a serial key
 
 
 def claimed_rows(rows):
@@ -351,8 +351,8 @@ def claimed_rows(rows):
         for item in json.loads(batch) if batch is not None else ():
             item[6] = float(item[6])  # lease_seconds: JSON writes 60.0 as 60
             item[9] = datetime.datetime.fromisoformat(item[9]).astimezone(datetime.UTC)
-            if item[12]:
-                claimed.keyed = True
+            if len(item) > 12 and item[12]:
+                claimed.keyed += 1
             claimed.append(ClaimedRow(*item))
         return claimed
     for row in rows:
@@ -362,8 +362,8 @@ def claimed_rows(rows):
         else:
             row = list(row)
             row[3] = json.loads(row[3])  # payload
-            if row[12]:
-                claimed.keyed = True
+            if len(row) > 12 and row[12]:
+                claimed.keyed += 1
             claimed.append(ClaimedRow(*row))
     return claimed
 

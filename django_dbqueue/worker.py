@@ -85,13 +85,7 @@ class Worker:
         # Fleet-wide limits (flow.py): None runs the plain claim. A limited claim says what held
         # it back: a full concurrency limit (claim again when one of our jobs ends) or a rate
         # window (claim again when it reopens, not at every poll).
-        self.flow = flow.claim_params(conf, self.queues)
-        if self.flow is not None:
-            # A job claimed under a fleet-wide limit takes a slot of the whole fleet from its
-            # claim on: never claim one ahead of a free thread, where it would wait in our
-            # buffer while other workers' threads sit idle. Such a worker does not prefetch.
-            self.adaptive_prefetch = False
-            self.prefetch = self.prefetch_max = 0
+        self._set_flow(conf)
         self._starved = 0  # times a handler thread found no job waiting
         self.poll_interval = conf.POLL_INTERVAL if poll_interval is None else poll_interval
         self.burst = burst
@@ -115,6 +109,8 @@ class Worker:
         self._want_capacity = False
         self._claim_next = True  # claim at once: at start, after a notification, when capacity
         self._keyed_due = False  # ... and at once when keyed jobs ended (Worker.finished)
+        self._keyed_ended = False  # a keyed job ended since the last claim
+        self._cut = False  # the last claim left keyed jobs out for want of free threads
         self._next_poll = 0.0  # ... or at the latest at the poll
         self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
         self._signals = 0
@@ -150,6 +146,15 @@ class Worker:
         self.waker = waker  # a supervisor's wake-up pipe, instead of a listener of our own
         self.report_free = report_free  # tells that supervisor how many jobs we could take
         self.listener = None
+
+    def _set_flow(self, conf):
+        self.flow = flow.claim_params(conf, self.queues)
+        if self.flow is not None:
+            # A job claimed under a fleet-wide limit takes a slot of the whole fleet from its
+            # claim on: never claim one ahead of a free thread, where it would wait in our
+            # buffer while other workers' threads sit idle. Such a worker does not prefetch.
+            self.adaptive_prefetch = False
+            self.prefetch = self.prefetch_max = 0
 
     # ---------------------------------------------------------------------------------------
     # The claim
@@ -199,6 +204,7 @@ class Worker:
             max(0, min(asked, cap - running.get(name, 0)))
             for name, cap in zip(self.queues, self.queue_caps, strict=True)
         ]
+        threads = max(0, self.concurrency - occupied)
         token = store.new_token()
         claim = store.claim_statement(
             worker_id=self.worker_id,
@@ -209,7 +215,7 @@ class Worker:
             async_commit=self.async_commit,
             flow=self.flow,
             # A job with a serial key holds its key from its claim on: only for a free thread.
-            threads=max(0, self.concurrency - occupied),
+            threads=threads,
         )
         if done:
             try:
@@ -237,7 +243,13 @@ class Worker:
         self.claims += 1
         if not rows:
             self.empty_claims += 1
-        self._adapt_prefetch(len(rows), asked)
+        # A short batch may not mean an empty queue: the plain claim leaves out the keyed jobs
+        # beyond the free threads (all of them when none is free). When it may have, claim
+        # again as capacity frees up rather than wait for a notification.
+        self._cut = (
+            self.flow is None and len(rows) < asked and (threads == 0 or rows.keyed >= threads)
+        )
+        self._adapt_prefetch(asked if self._cut else len(rows), asked)
         self.claimed_total += len(rows)
         entries = [
             Entry(
@@ -316,7 +328,8 @@ class Worker:
         # Its serial key's next job may be claimable now, and no notification says so. Keyed jobs
         # are claimed for free threads only: claim when half of them are free (a batch, not a
         # round trip per job) or nothing is left, without waiting for more completions.
-        keyed_due = entry.keyed and (
+        self._keyed_ended = self._keyed_ended or entry.keyed  # until the next claim
+        keyed_due = self._keyed_ended and (
             not occupied or self.concurrency - occupied >= (self.concurrency + 1) // 2
         )
         if (
@@ -412,7 +425,7 @@ class Worker:
             from .tasks import discover_tasks
 
             discover_tasks()  # import every app's tasks.py, so @task functions are known
-            self.flow = flow.claim_params(self.conf, self.queues)
+            self._set_flow(self.conf)
         self.pool.start()
         if self.waker is not None:
             self.waker.start(self._on_notify, self.stopped, on_crash=self.fatal)
@@ -455,6 +468,10 @@ class Worker:
                 # Successes go out with the claim when there is one (one round trip for both);
                 # failures (durable, one statement each), and successes with no claim to ride
                 # on, on their own.
+                if claim_now:
+                    # Before the completions are taken: a keyed job ending after this line
+                    # marks the next claim as due again.
+                    self._keyed_ended = False
                 done = self.acks.take_done() if claim_now else None
                 try:
                     self.acks.flush_once(self.session)
@@ -514,7 +531,9 @@ class Worker:
                         break
                     self._claim_next = True
                     continue
-                self._want_capacity = asked == 0 or claimed == asked
+                # (A batch that keyed jobs cut short means a backlog too; claiming again at once
+                # would only meet the same keys, so wait for capacity like a full one.)
+                self._want_capacity = asked == 0 or claimed == asked or self._cut
                 if asked and claimed == asked:
                     self._claim_next = True
                     continue  # there may be more: claim again at once

@@ -306,6 +306,13 @@ def test_a_worker_with_fleet_wide_limits_claims_only_for_its_free_threads(settin
     assert len(rows) == 7 and not any(r.keyed for r in rows)
 
 
+def test_the_limited_claim_says_which_jobs_are_keyed():
+    keyed = enqueue("noop", serial_key="acct").id
+    free = enqueue("noop").id
+    rows = claim(10, limits(queue_conc=10))
+    assert {r.id: r.keyed for r in rows} == {keyed: True, free: False} and rows.keyed
+
+
 def _walk(node):
     yield node
     for child in node.get("Plans", []):

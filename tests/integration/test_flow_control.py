@@ -346,7 +346,7 @@ def test_keyed_jobs_are_claimed_only_for_free_threads():
         threads=2,
     )
     assert [r.id for r in rows] == free + keyed[:2]  # in the claim's order
-    assert [r.keyed for r in rows] == [False, False, False, True, True] and rows.keyed
+    assert [r.keyed for r in rows] == [False, False, False, True, True] and rows.keyed == 2
     assert job_row(keyed[2])["state"] == "pending"  # left for another worker's free thread
     none = store.claim(
         "default",
@@ -374,6 +374,65 @@ def test_the_worker_hands_keyed_jobs_to_its_free_threads_first(fast_settings):
         assert [e.ctx.id for e in worker.inflight.snapshot()] == [keyed, free]
     finally:
         worker.session.close()
+
+
+def test_a_claim_without_free_threads_leaves_keyed_jobs_unlocked():
+    """A busy worker's claim (no free thread) takes unkeyed jobs only and never locks a keyed
+    one: held open on another connection, it does not make a concurrent claim skip them."""
+    keyed = [enqueue("record", serial_key=f"k{i}").id for i in range(3)]
+    free = enqueue("record").id
+    statement, params = store.claim_statement(
+        worker_id="busy",
+        queues=["default"],
+        limits=[10],
+        limit=10,
+        token=store.new_token(),
+        threads=0,
+    )
+    with psycopg.connect(**connection_params("default")) as busy, busy.transaction():
+        batch = store.claimed_rows(busy.execute(statement, params).fetchall())
+        assert [r.id for r in batch] == [free]
+        rows = store.claim(
+            "default",
+            worker_id="w",
+            queues=["default"],
+            limits=[10],
+            limit=10,
+            token=store.new_token(),
+            threads=2,
+        )
+        assert [r.id for r in rows] == keyed[:2]  # none skipped; one left for others
+
+
+def test_keyed_jobs_left_out_by_a_busy_claim_are_not_left_to_the_poll(fast_settings):
+    """A claim made while every thread is busy (for the prefetch) leaves keyed jobs out: the
+    worker must not take that for an empty queue. Here: 4 slow unkeyed jobs fill both threads
+    and the prefetch; when two end, the claim has no free thread, finds nothing else, and the
+    three keyed jobs behind must still run when the threads free up, not at the poll (an
+    hour)."""
+    from django_dbqueue.worker import Worker
+
+    slow = [enqueue("serial-record", {"label": "slow", "sleep": 0.2}).id for _ in range(4)]
+    keyed = [enqueue("record", serial_key=f"k{i}").id for i in range(3)]
+    worker = Worker(concurrency=2, poll_interval=3600, listen=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(
+            lambda: (
+                scalar(
+                    "SELECT count(*) FROM dbqueue_job WHERE id = ANY(%s) AND state = 'done'",
+                    [slow + keyed],
+                )
+                == 7
+            ),
+            timeout=15,
+            message="the slow jobs and the keyed ones behind them done",
+        )
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert not thread.is_alive()
 
 
 def test_a_worker_claims_its_keys_next_job_when_the_keyed_one_ends(fast_settings):
@@ -495,7 +554,9 @@ def test_unkeyed_claim_keeps_its_index_and_its_estimate():
     # The planner charges the serial test almost nothing per row (an inline NOT EXISTS was
     # charged in full to every backlog row, which pushed big backlogs' claims into JIT).
     without = sql.CLAIM_JOBS.replace(
-        "AND (j.serial_key IS NULL OR dbqueue_serial_turn(j.serial_key, j.id))", ""
+        "AND (j.serial_key IS NULL\n"
+        "               OR (%(threads)s > 0 AND dbqueue_serial_turn(j.serial_key, j.id)))",
+        "",
     )
     assert without != sql.CLAIM_JOBS
     assert plan["Total Cost"] < 1.2 * _claim_plan(without)["Total Cost"]

@@ -212,7 +212,14 @@ def test_a_due_entry_is_locked_and_ticked_while_the_others_are_only_read(setting
     }
     scheduler = Scheduler()
     scheduler.run_once()
-    set_last_tick("due", 61)
+    # One second before the latest tick (ticks are aligned to the epoch): exactly one is due. (A
+    # last tick 61 s ago had two ticks in its window once a minute, and failed then.)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dbqueue_schedule SET last_tick = to_timestamp("
+            "floor(extract(epoch FROM now()) / 60) * 60 - 1) WHERE name = 'due'"
+        )
+        assert cursor.rowcount == 1
     with CaptureQueriesContext(connection) as queries:
         assert scheduler.run_once()["enqueued"] == 1
     locks = [q["sql"] for q in queries.captured_queries if "FOR UPDATE" in q["sql"].upper()]
