@@ -15,7 +15,8 @@
   psycopg+notify  the same with ``pg_notify`` in the job INSERT
 
   ``--variants`` adds two of ours with one design choice undone, to measure it:
-  ours-window0 (no coalescing: every commit notifies), ours-sync-notify (the wake-up
+  ours-window0 (no coalescing: every commit notifies), ours-window20 (``WAKEUP_WINDOW`` of
+  20 ms instead of 5), ours-sync-notify (the wake-up
   statement waits for the WAL flush: no ``set_config('synchronous_commit', 'off', true)``) and
   ours-thread (every notification sent by the sender thread: no round trip for the caller).
 
@@ -80,7 +81,8 @@ BARE_ENQUEUE = BASE_ENQUEUE.replace(", pg_notify(%(channel)s, %(queue)s)", "")
 assert "pg_notify" not in BARE_ENQUEUE
 
 SIDES = ["ours", "django-bare", "django+notify", "psycopg", "psycopg+notify"]
-VARIANTS = ["ours-window0", "ours-sync-notify", "ours-thread"]
+VARIANTS = ["ours-window0", "ours-window20", "ours-sync-notify", "ours-thread"]
+WINDOWS = {"ours-window0": 0.0, "ours-window20": 0.020}  # WAKEUP_WINDOW of these variants
 
 SAMPLE = """
 SELECT pid, wait_event_type, wait_event FROM pg_stat_activity
@@ -117,8 +119,13 @@ def django_transaction(side):
 
     from django_dbqueue import enqueue, sql, wakeup
 
-    if side == "ours-window0":
-        wakeup.WINDOW = 0.0
+    if side in WINDOWS:
+        from django.conf import settings
+
+        from django_dbqueue.conf import get_settings
+
+        settings.DBQUEUE = {**settings.DBQUEUE, "WAKEUP_WINDOW": WINDOWS[side]}
+        get_settings.cache_clear()
     if side == "ours-sync-notify":
         sql.NOTIFY_WORKERS = sql.NOTIFY_WORKERS_AT_COMMIT  # the same statement, flushed
     if side == "ours-thread":
@@ -172,8 +179,8 @@ def route_every_wake_up_through_the_sender(wakeup):
                     coalescer._pending[key] += count
                     continue
                 coalescer._pending[key] = count
-                if now - coalescer._last.get(key, -1e9) >= wakeup.WINDOW:
-                    coalescer._last[key] = now - 2 * wakeup.WINDOW  # due at once
+                if now - coalescer._last.get(key, -1e9) >= wakeup.window():
+                    coalescer._last[key] = now - 2 * wakeup.window()  # due at once
                 coalescer._start_sender()
                 coalescer._cond.notify_all()
 
@@ -470,6 +477,7 @@ def print_enqueue(runs, sides):
         ("psycopg+notify", "psycopg", "-", None),
         ("django-bare", "psycopg", "-", None),
     ] + [(v, "ours", "-", None) for v in sides if v in VARIANTS]
+    checks += [(v, "django-bare", "-", None) for v in sides if v in WINDOWS]
     for a, b, target, limit in checks:
         if a not in sides or b not in sides:
             continue
@@ -508,7 +516,9 @@ def parse_args(argv=None):
     parser.add_argument("--gap", type=float, default=0.02)
     parser.add_argument("--only", default="enqueue,wakeup")
     parser.add_argument(
-        "--variants", action="store_true", help="also ours-window0, ours-sync-notify"
+        "--variants",
+        action="store_true",
+        help="also ours-window0, ours-window20, ours-sync-notify, ours-thread",
     )
     parser.add_argument(
         "--load-rate",

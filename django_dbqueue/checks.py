@@ -102,6 +102,10 @@ _RULES = {
         lambda v: _valid(validation.name, v, max_length=63) and len(v.encode()) <= 63,
         "a channel name (str of 1 to 63 bytes in UTF-8)",
     ),
+    "WAKEUP_WINDOW": (
+        lambda v: _number(v, minimum=0) and v <= 60,
+        "a number of seconds >= 0, at most 60",
+    ),
     "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
     "LISTEN_DATABASE": (
         lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),

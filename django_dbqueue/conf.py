@@ -28,6 +28,7 @@ DEFAULTS = {
     "ACK_INTERVAL": 0.005,  # seconds completions wait to be flushed in one statement
     "ACK_BATCH": 500,  # completions that force a flush
     "NOTIFY_CHANNEL": "dbqueue",  # LISTEN/NOTIFY channel
+    "WAKEUP_WINDOW": 0.005,  # seconds: at most one wake-up per queue per process in this window
     "LISTEN": True,  # False for PgBouncer in transaction mode: poll only
     "LISTEN_DATABASE": None,  # alias with a direct connection for LISTEN; None = DATABASE
     "EXECUTION": "thread",  # "thread", or "process": handlers in child processes (hard timeout)

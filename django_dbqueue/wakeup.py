@@ -18,9 +18,9 @@ another. Instead the jobs' writers (``enqueue``, ``enqueue_many``, requeue, run 
 
 The notification is a statement of its own, a transaction that does not wait for the WAL flush
 (``sql.NOTIFY_WORKERS``), with the payload ``"<count>:<queue>"``. Per process, per database and
-queue, at most one is sent per :data:`WINDOW`, with the committing thread's commit: the first
-commit after a window has passed sends it, carrying the count of every job committed since the
-previous one. So that the last jobs of a burst are never left to the poll, a sender thread sends
+queue, at most one is sent per window (``DBQUEUE["WAKEUP_WINDOW"]``, 5 ms by default), with the
+committing thread's commit: the first commit after a window has passed sends it, carrying the
+count of every job committed since the previous one. So that the last jobs of a burst are never left to the poll, a sender thread sends
 what is still pending half a window after the window ended, when no commit came to carry it. That
 thread opens its own connection only when a burst needs it, and closes it after
 :data:`IDLE_CLOSE` seconds without one. (Sending everything from the thread would spare the
@@ -49,8 +49,18 @@ from .connections import Session
 
 logger = logging.getLogger("django_dbqueue.wakeup")
 
-WINDOW = 0.005  # seconds: at most one notification per queue per process in this window, + trailing
+DEFAULT_WINDOW = 0.005  # seconds: WAKEUP_WINDOW's default
 IDLE_CLOSE = 10.0  # seconds without a trailing notification before the sender closes its connection
+
+
+def window():
+    """``DBQUEUE["WAKEUP_WINDOW"]``: at most one notification per queue per process in this many
+    seconds, plus the trailing one. A bad value (the system checks report it) falls back to the
+    default here: a wake-up must never raise into the caller's commit."""
+    value = get_settings().WAKEUP_WINDOW
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 60:
+        return value
+    return DEFAULT_WINDOW
 
 
 def payload(count, queue):
@@ -235,7 +245,7 @@ class _Coalescer:
 
     def committed(self, using, channel, counts):
         """Jobs committed on ``using``: notify now on this thread's connection, or add them to
-        the trailing notification when their queue was notified less than WINDOW ago."""
+        the trailing notification when their queue was notified less than a window ago."""
         now = time.monotonic()
         send = self.take(using, channel, counts, now)
         if send:
@@ -264,10 +274,10 @@ class _Coalescer:
             return self._split_due(using, channel, counts, now)
 
     def _split_due(self, using, channel, counts, now):
-        send, rest = [], {}
+        send, rest, span = [], {}, window()
         for queue, count in counts.items():
             key = (using, channel, queue)
-            if now - self._last.get(key, -math.inf) >= WINDOW:
+            if now - self._last.get(key, -math.inf) >= span:
                 self._last[key] = now
                 send.append(payload(count + self._pending.pop(key, 0), queue))
             else:
@@ -277,13 +287,13 @@ class _Coalescer:
     def give_back(self, using, sends):
         """Payloads that were taken but not sent: the sender thread sends them at once."""
         with self._cond:
-            now = time.monotonic()
+            now, span = time.monotonic(), window()
             for channel, payloads in sends:
                 for item in payloads:
                     count, queue = item.split(":", 1)
                     key = (using, channel, queue)
                     self._pending[key] = self._pending.get(key, 0) + int(count)
-                    self._last[key] = now - 2 * WINDOW  # due at once
+                    self._last[key] = now - 2 * span  # due at once
             self._start_sender()
             self._cond.notify_all()
 
@@ -318,11 +328,11 @@ class _Coalescer:
     def _take_due(self, now):
         """Pop the trailing notifications that are due: ``{(using, channel): [payload]}``, and
         the time the next one falls due (or None)."""
-        due, next_due = {}, None
+        due, next_due, span = {}, None, window()
         for key, count in list(self._pending.items()):
             # Half a window of grace: a commit arriving after the window carries the count
             # itself, on its own connection; the thread only covers the end of a burst.
-            at = self._last.get(key, -math.inf) + 1.5 * WINDOW
+            at = self._last.get(key, -math.inf) + 1.5 * span
             if at <= now:
                 del self._pending[key]
                 self._last[key] = now

@@ -35,10 +35,13 @@ POLL = 3.0
 PRODUCER = """
 import threading, time
 import django
+from django.conf import settings
 django.setup()
+# The trailing notification falls due long after the kill.
+settings.DBQUEUE = {**settings.DBQUEUE, "WAKEUP_WINDOW": 60.0}
 from django_dbqueue import enqueue, wakeup
-
-wakeup.WINDOW = 60.0  # the trailing notification falls due long after the kill
+from django_dbqueue.conf import get_settings
+get_settings.cache_clear()
 wakeup._COALESCER._last[("default", "dbqueue", "default")] = time.monotonic()  # just notified
 
 job = enqueue("record", {})  # autocommit: committed by the INSERT itself

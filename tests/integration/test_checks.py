@@ -40,6 +40,9 @@ def test_e002_unknown_key_suggests_the_close_match(settings):
         ("QUEUES", [], "non-empty dict"),
         ("NOTIFY_CHANNEL", "x" * 64, "1 to 63 bytes in UTF-8"),
         ("NOTIFY_CHANNEL", "é" * 32, "1 to 63 bytes in UTF-8"),  # 32 characters, 64 bytes
+        ("WAKEUP_WINDOW", -0.001, "seconds >= 0, at most 60"),
+        ("WAKEUP_WINDOW", 61, "seconds >= 0, at most 60"),
+        ("WAKEUP_WINDOW", "5ms", "seconds >= 0, at most 60"),
     ],
 )
 def test_e003_wrong_type_or_range(key, value, fragment, settings):

@@ -118,8 +118,8 @@ def test_manual_transaction_management_notifies_at_the_callers_commit(listener):
     assert listener.until_jobs(1) == ["1:default"]
 
 
-def test_a_burst_is_coalesced_and_its_last_job_still_wakes_a_worker(listener, monkeypatch):
-    monkeypatch.setattr(wakeup, "WINDOW", 0.3)
+def test_a_burst_is_coalesced_and_its_last_job_still_wakes_a_worker(listener, settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "WAKEUP_WINDOW": 0.3}
     started = time.monotonic()
     for _ in range(20):
         enqueue("noop")  # autocommit: each a transaction of its own
@@ -130,8 +130,25 @@ def test_a_burst_is_coalesced_and_its_last_job_still_wakes_a_worker(listener, mo
     assert len(got) <= 2 + elapsed / 0.3, got  # one per window, plus the trailing one
 
 
-def test_the_sender_closes_its_connection_when_idle(listener, monkeypatch):
-    monkeypatch.setattr(wakeup, "WINDOW", 0.05)
+def test_a_window_of_zero_wakes_the_workers_after_every_commit(listener, settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "WAKEUP_WINDOW": 0}
+    for _ in range(5):
+        enqueue("noop")  # autocommit: each a transaction of its own, each notified at once
+    assert listener.until_jobs(5) == ["1:default"] * 5
+
+
+def test_a_bad_window_falls_back_to_the_default_and_never_fails_the_enqueue(listener, settings):
+    # The system checks report the value (E003); the commit path must not raise on it.
+    settings.DBQUEUE = {**settings.DBQUEUE, "WAKEUP_WINDOW": "5ms"}
+    assert wakeup.window() == wakeup.DEFAULT_WINDOW
+    with transaction.atomic():
+        job = enqueue("noop")
+    assert job.created
+    assert listener.until_jobs(1) == ["1:default"]
+
+
+def test_the_sender_closes_its_connection_when_idle(listener, monkeypatch, settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "WAKEUP_WINDOW": 0.05}
     monkeypatch.setattr(wakeup, "IDLE_CLOSE", 0.3)
     sender = (  # every other session here is the listener's, last seen running LISTEN
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
