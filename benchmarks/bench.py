@@ -542,6 +542,15 @@ def make_producer(kind, side, env, child_args):
     return ThreadProducer(side, env) if kind == "thread" else ProcessProducer(side, child_args)
 
 
+def listening(worker):
+    """The Event set while ``worker`` LISTENs: its session's, or (a listener thread; also in
+    releases before the session listened) its listener's."""
+    event = getattr(worker, "listening", None)
+    if event is None and worker.listener is not None:
+        event = worker.listener.connected
+    return event
+
+
 def wakeup_ours(env, n, gap, producer_kind, child_args):
     from benchmarks.benchapp.jobs import STARTED
     from django_dbqueue.worker import Worker
@@ -552,7 +561,7 @@ def wakeup_ours(env, n, gap, producer_kind, child_args):
     thread.start()
     try:
         deadline = time.monotonic() + 10
-        while not (worker.listener is not None and worker.listener.connected.wait(0.1)):
+        while not ((event := listening(worker)) is not None and event.wait(0.1)):
             if time.monotonic() > deadline:
                 raise RuntimeError("wake-up (ours): the worker's listener never connected")
             time.sleep(0.01)

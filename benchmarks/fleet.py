@@ -68,6 +68,7 @@ from benchmarks.bench import (  # noqa: E402 - after the path set-up above
     close_django_connections,
     ensure_database,
     libpq_params,
+    listening,
     machine_facts,
 )
 from benchmarks.bench import setup_django as bench_setup_django  # noqa: E402
@@ -415,7 +416,7 @@ def wakeup_runs(env, args, child_args):
     results = {}
     try:
         deadline = time.monotonic() + 10
-        while not (worker.listener is not None and worker.listener.connected.wait(0.1)):
+        while not ((event := listening(worker)) is not None and event.wait(0.1)):
             if time.monotonic() > deadline:
                 raise RuntimeError("wake-up: the worker's listener never connected")
         time.sleep(0.2)  # let the claim that follows the listener's connection settle

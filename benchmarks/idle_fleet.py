@@ -21,6 +21,7 @@ Targets (issue 8): at most 2 dedicated connections per worker process, at most 3
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -72,7 +73,10 @@ def prepare_database(url, name, env):
 
 
 class Fleet:
+    started = []  # every fleet of this run: killed on the way out, should a step fail
+
     def __init__(self, mode, workers, env, logdir):
+        Fleet.started.append(self)
         self.mode = mode
         self.logs = []
         self.processes = []
@@ -120,6 +124,12 @@ class Fleet:
             total += int(fields[11]) + int(fields[12])  # utime + stime
         return total / TICKS
 
+    def kill(self):
+        """SIGKILL whatever is left of the fleet (a step of the run failed)."""
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
     def stop(self):
         for process in self.processes:
             os.kill(process.pid, signal.SIGTERM)
@@ -145,7 +155,11 @@ def wait_until(predicate, timeout, what):
 
 def sessions(admin, name):
     return admin.execute(
-        "SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %%'), "
+        # A listener: a connection whose last statement was its LISTEN (a group's listener, and
+        # workers before they listened on their own session), or a worker's own session, which
+        # LISTENs and claims (its application_name says so).
+        "SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %%' "
+        "OR application_name LIKE 'dbqueue worker (LISTEN %%'), "
         "count(*) FILTER (WHERE state <> 'idle') FROM pg_stat_activity "
         "WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
         [name],
@@ -299,9 +313,13 @@ def main(argv=None):
         tempfile.TemporaryDirectory() as logdir,
     ):
         admin.execute("TRUNCATE dbqueue_job")
-        for mode in args.modes.split(","):
-            print(f"[{mode}] {args.workers} worker processes ...", flush=True)
-            results.append(run_mode(mode, args, env, admin, Path(logdir)))
+        try:
+            for mode in args.modes.split(","):
+                print(f"[{mode}] {args.workers} worker processes ...", flush=True)
+                results.append(run_mode(mode, args, env, admin, Path(logdir)))
+        finally:
+            for fleet in Fleet.started:  # no worker outlives a failed run
+                fleet.kill()
 
     print()
     print(

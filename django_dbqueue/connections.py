@@ -13,6 +13,7 @@ Three kinds, all built from the Django ``DATABASES`` entry of the queue's alias:
 Everything else runs on the calling thread's ordinary Django connection.
 """
 
+import collections
 import contextlib
 import logging
 import threading
@@ -105,28 +106,84 @@ class Session:
     Behind PgBouncer in transaction mode (1.21 and older keep no prepared statements) set
     ``PREPARE`` to False; a session that finds its prepared statements gone says so and stops
     preparing. ``ASYNC_COMMIT`` travels with each statement and works through a pooler.
+
+    With ``listen`` (a channel), the session also LISTENs, at every (re)connection: the
+    notifications it receives, while a statement runs or while its owner waits on its socket
+    (:meth:`listening_fileno`, :meth:`read_notifies`), are queued in ``notifies`` for the owner,
+    and ``on_notify()`` is called (from whichever of those it was). One connection then serves
+    both, and the backend that delivered a notification is the one that runs the claim it
+    causes: it is awake, where a second connection's backend would have to be woken first.
     """
 
-    def __init__(self, using, *, prepare=True):
+    APPLICATION_NAME = "dbqueue worker"  # unless the database's OPTIONS name one
+
+    def __init__(self, using, *, prepare=True, listen=None, on_notify=None):
         self.using = using
         self.prepare = prepare
+        self.listen = listen
+        self.on_notify = on_notify
+        self.notifies = collections.deque()  # payloads received, for the owner to take
+        self.listening = threading.Event()  # set while the connection LISTENs
         self.conn = None
         self.statements = 0  # executed, for tests that pin the hot paths' query counts
 
     def _connect(self):
-        conn = connect(self.using, prepare_threshold=0 if self.prepare else None)
-        if self.prepare:
-            # Prepared, but planned for each execution's own arrays: a generic plan cannot know
-            # that a batch holds 3 ids or 500, and was seen to pick a sequential scan of the
-            # whole table for the completion join. Parsing is what the preparation saves.
-            conn.execute("SET plan_cache_mode TO force_custom_plan", prepare=False)
+        kwargs = {"prepare_threshold": 0 if self.prepare else None}
+        if self.listen is not None and "application_name" not in connection_params(self.using):
+            kwargs["application_name"] = f"{self.APPLICATION_NAME} (LISTEN {self.listen})"
+        conn = connect(self.using, **kwargs)
+        try:
+            if self.prepare:
+                # Prepared, but planned for each execution's own arrays: a generic plan cannot
+                # know that a batch holds 3 ids or 500, and was seen to pick a sequential scan
+                # of the whole table for the completion join. Parsing is what it saves.
+                conn.execute("SET plan_cache_mode TO force_custom_plan", prepare=False)
+            if self.listen is not None:
+                conn.add_notify_handler(self._notified)
+                conn.execute(
+                    psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.listen)),
+                    prepare=False,
+                )
+        except BaseException:
+            conn.close()
+            raise
         self.conn = conn
+        if self.listen is not None:
+            self.listening.set()
 
     def connection(self):
         """The open psycopg connection (opened now if need be)."""
         if self.conn is None or self.conn.closed:
             self._connect()
         return self.conn
+
+    def _notified(self, notify):
+        self.notifies.append(notify.payload)
+        if self.on_notify is not None:
+            self.on_notify()
+
+    def listening_fileno(self):
+        """The socket to wait on for notifications, or None (not listening, not connected, or
+        notifications already waiting in ``notifies``, or in libpq's buffer: taken now)."""
+        if self.listen is None or self.conn is None or self.conn.closed:
+            return None
+        self._take_buffered(self.conn.pgconn)
+        return None if self.notifies else self.conn.pgconn.socket
+
+    def read_notifies(self):
+        """Take what the server sent while the connection was idle (its socket was readable).
+        Raises psycopg.OperationalError when the server is gone."""
+        if self.conn is None or self.conn.closed:
+            return
+        pgconn = self.conn.pgconn
+        pgconn.consume_input()  # raises OperationalError when the peer closed the connection
+        if pgconn.status == psycopg.pq.ConnStatus.BAD:
+            raise psycopg.OperationalError("the session's connection was lost while idle")
+        self._take_buffered(pgconn)
+
+    def _take_buffered(self, pgconn):
+        while (notify := pgconn.notifies()) is not None:
+            self.notifies.append(notify.extra.decode("utf-8", "replace"))
 
     def execute(self, statement, params):
         """Run one statement; returns its rows (``[]`` when it returns none)."""
@@ -163,6 +220,7 @@ class Session:
         return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
 
     def reset(self):
+        self.listening.clear()
         if self.conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self.conn.close()

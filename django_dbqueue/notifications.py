@@ -1,5 +1,11 @@
-"""LISTEN on a dedicated connection; wakes the claim loop when a job is enqueued, and tells the
-worker holding a job that its cancel was asked for.
+"""LISTEN; wakes the claim loop when a job is enqueued, and tells the worker holding a job that
+its cancel was asked for.
+
+A worker that listens for itself does it on its own session (connections.Session's ``listen``),
+and its loop sleeps on that connection's socket and its :class:`Wakeup` at once. A
+:class:`Listener` thread with a connection of its own listens instead where the LISTEN must go
+elsewhere (``LISTEN_DATABASE``: a direct connection beside a transaction pooler), and for a
+whole ``--processes`` group (the supervisor's listener process).
 
 The notification is only a hint: the worker's poll guarantees progress when one is missed (the
 listener reconnecting, PgBouncer in transaction mode, ``DBQUEUE["LISTEN"] = False``), and its
@@ -12,9 +18,11 @@ they run; wakeup.jobs_cancelled). An older worker reads the last as a queue it d
 and ignores it (``parse_wakeup``), so a fleet can be upgraded one worker at a time.
 """
 
+import contextlib
 import logging
 import os
 import random
+import select
 import selectors
 import threading
 import time
@@ -63,6 +71,67 @@ def parse_cancel(payload):
         for part in payload[len(CANCEL_PREFIX) :].split(",")
         if part.isascii() and part.isdigit()
     ]
+
+
+class Wakeup:
+    """The claim loop's wake-up flag: ``threading.Event``'s ``set``/``clear``/``is_set``/``wait``,
+    plus :meth:`wait_on`, which also returns when a socket (the session's LISTEN connection)
+    becomes readable. ``set()`` from any thread also writes a byte into a pipe that ``wait_on``
+    polls with the socket; the pipe is made by the first ``wait_on`` and closed by
+    :meth:`close`."""
+
+    def __init__(self):
+        self._event = threading.Event()
+        self._lock = threading.Lock()  # the pipe's ends: made, written and closed under it
+        self._pipe = None  # (read end, write end)
+
+    def set(self):
+        if self._event.is_set():
+            return
+        self._event.set()
+        with self._lock:
+            if self._pipe is not None:
+                with contextlib.suppress(OSError):  # full (a wake-up is pending anyway)
+                    os.write(self._pipe[1], b"\0")
+
+    def clear(self):
+        self._event.clear()
+        with self._lock:
+            if self._pipe is not None:
+                with contextlib.suppress(OSError):  # empty
+                    while os.read(self._pipe[0], 4096):
+                        pass
+
+    def is_set(self):
+        return self._event.is_set()
+
+    def wait(self, timeout=None):
+        return self._event.wait(timeout)
+
+    def wait_on(self, fileno, timeout):
+        """Sleep until the flag is set, ``fileno`` is readable or ``timeout`` seconds passed;
+        True when ``fileno`` is readable."""
+        with self._lock:
+            if self._pipe is None:
+                self._pipe = os.pipe()  # not inherited by exec'd children (PEP 446)
+                for fd in self._pipe:
+                    os.set_blocking(fd, False)
+            read_end = self._pipe[0]
+        if self._event.is_set():
+            return False
+        poller = select.poll()
+        poller.register(read_end, select.POLLIN)
+        poller.register(fileno, select.POLLIN)
+        events = poller.poll(None if timeout is None else max(0.0, timeout) * 1000.0)
+        return any(fd == fileno for fd, _ in events)
+
+    def close(self):
+        with self._lock:
+            if self._pipe is not None:
+                for fd in self._pipe:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                self._pipe = None
 
 
 class Listener(threading.Thread):

@@ -104,6 +104,7 @@ def shut_down(w):
         if helper is not None:
             helper.join(1.0)
     w.session.close()
+    w._wakeup.close()
     connections[w.using].close()
     logger.info(
         "dbqueue worker %s stopped: %d succeeded, %d retried, %d dead, %d fenced; "

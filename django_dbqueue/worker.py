@@ -7,10 +7,12 @@ acknowledgement buffer (``acks.flush_once``), renews leases (``heartbeat.beat_on
 runs past their timeout, sweeps expired leases and ticks the schedule. Handlers run in the
 handler pool (``execution.py``), which touches the database only through the handlers' own
 Django connections. A listener thread (or, under ``--processes``, the supervisor) turns
-NOTIFY into an immediate claim.
+NOTIFY into an immediate claim: a worker that listens for itself does it on its Session, and its
+loop sleeps on that connection's socket (a listener thread with a connection of its own only
+where ``LISTEN_DATABASE`` names another database); under ``--processes`` the supervisor listens.
 
-Dedicated connections per worker process: the Session, plus the listener's when the process
-listens itself (``LISTEN`` on and not under a supervisor that listens for the group).
+Dedicated connections per worker process: the Session; plus the listener's only when
+``LISTEN_DATABASE`` sends the LISTEN to another database.
 
 ``run_once()`` does one claim; ``run()`` loops until stopped, SIGTERM, ``burst`` drained or
 ``max_jobs`` reached, and returns the exit code: 0 after a graceful stop, 3 when the worker gave
@@ -35,7 +37,7 @@ from .execution import make_pool, retry_delay
 from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
 from .maintenance import Maintenance
-from .notifications import Listener, parse_cancel, parse_wakeup
+from .notifications import Listener, Wakeup, parse_cancel, parse_wakeup
 from .rollup import Rollup
 from .scheduler import Scheduler
 from .shutdown import shut_down
@@ -104,7 +106,8 @@ class Worker:
         self._reopen_at = None
         self.stopping = threading.Event()  # no more claims
         self.stopped = threading.Event()  # helper threads may exit
-        self._wakeup = threading.Event()
+        self._wakeup = Wakeup()
+        self._readable = False  # the session's socket woke the loop: notifications to read
         self._acks_ready = threading.Event()
         self._want_capacity = False
         self._claim_next = True  # claim at once: at start, after a notification, when capacity
@@ -122,7 +125,20 @@ class Worker:
         self.inflight = Inflight()
         # The loop's own connection: prepared statements; claims, completions and heartbeats
         # commit asynchronously with ASYNC_COMMIT (see connections.Session).
-        self.session = Session(self.using, prepare=conf.PREPARE)
+        # It LISTENs too when this process listens for itself on the queue's database: the
+        # backend that delivers a notification then runs the claim (docs/performance.md).
+        listen_here = (
+            self.listen
+            and not burst
+            and waker is None
+            and (conf.LISTEN_DATABASE or self.using) == self.using
+        )
+        self.session = Session(
+            self.using,
+            prepare=conf.PREPARE,
+            listen=conf.NOTIFY_CHANNEL if listen_here else None,
+            on_notify=self._wakeup.set,
+        )
         self.acks = Acknowledger(
             worker_id=self.worker_id,
             batch=conf.ACK_BATCH,
@@ -429,7 +445,7 @@ class Worker:
         self.pool.start()
         if self.waker is not None:
             self.waker.start(self._on_notify, self.stopped, on_crash=self.fatal)
-        elif self.listen and not self.burst:
+        elif self.listen and not self.burst and self.session.listen is None:
             self.listener = Listener(
                 self.conf.LISTEN_DATABASE or self.using,
                 self.conf.NOTIFY_CHANNEL,
@@ -438,6 +454,24 @@ class Worker:
                 on_crash=self.fatal,
             )
             self.listener.start()
+
+    @property
+    def listening(self):
+        """An Event set while this worker's LISTEN is in place (on its session or its listener
+        thread's connection), or None when it does not listen itself."""
+        if self.session.listen is not None:
+            return self.session.listening
+        return self.listener.connected if self.listener is not None else None
+
+    def _take_notifies(self):
+        """Act on the notifications the session received (while a statement ran, or read from
+        its socket while the loop slept)."""
+        if self._readable:
+            self._readable = False
+            self.session.read_notifies()
+        notifies = self.session.notifies
+        while notifies:
+            self._on_notify(notifies.popleft())
 
     def run(self):
         """Run until stopped; returns the process exit code (0 after a graceful stop)."""
@@ -459,6 +493,7 @@ class Worker:
             try:
                 self._batch_acks()
                 self._wakeup.clear()
+                self._take_notifies()
                 if self._reconnected:
                     self._recover()
                 self.maintenance.run_due()
@@ -544,7 +579,16 @@ class Worker:
             free = self.free_slots()
             if self.report_free is not None:
                 self.report_free(free if not self._want_capacity or free >= self._min_batch else 0)
-            self._wakeup.wait(self._idle_wait())
+            self._sleep(self._idle_wait())
+
+    def _sleep(self, timeout):
+        """Until woken (``_wakeup``), a notification arrives on the session or ``timeout``."""
+        fileno = self.session.listening_fileno()
+        if fileno is None:
+            if not self.session.notifies:
+                self._wakeup.wait(timeout)
+            return
+        self._readable = self._wakeup.wait_on(fileno, timeout)
 
     def _idle_wait(self):
         now = time.monotonic()

@@ -71,12 +71,14 @@ def database_name():
 
 
 def listener_pids():
-    """Backend pids of sessions LISTENing in the test database (the workers' listeners)."""
+    """Backend pids of sessions LISTENing in the test database: a worker's own session, which
+    LISTENs and claims (named by its application_name), or a listener connection of its own
+    (a group's, or beside LISTEN_DATABASE: its last statement is the LISTEN)."""
     return {
         pid
         for (pid,) in rows(
-            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN %%' "
-            "AND pid <> pg_backend_pid()",
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
+            "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue worker (LISTEN %%')",
             [database_name()],
         )
     }

@@ -76,9 +76,9 @@ def test_worker_survives_its_connections_being_terminated(start_worker):
             [job_ids],
         ),
     )
-    # The listener came back on a new session.
+    # The LISTEN came back on a new session.
     assert wait_for_listeners(1).isdisjoint(terminated)
-    assert "listener lost its connection" in worker.stderr()  # the fault was real
+    assert "lost the database" in worker.stderr()  # the fault was real
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,15 +246,18 @@ def test_worker_survives_a_database_restart(start_worker, private_postgres):
     assert_each_ran_once(
         job_ids, server.query("SELECT job_id, count(*) FROM testapp_effect GROUP BY job_id")
     )
-    # The listener reconnected to the restarted server.
+    # The worker's session LISTENs again on the restarted server.
     wait_until(
         lambda: (
-            server.query("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%'")[0][0]
+            server.query(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%' "
+                "OR application_name LIKE 'dbqueue worker (LISTEN %%'"
+            )[0][0]
             == 1
         ),
         timeout=20,
         message="the listener to reconnect",
     )
-    assert "listener lost its connection" in worker.stderr()  # the fault was real
+    assert "lost the database" in worker.stderr()  # the fault was real
     worker.send(signal.SIGTERM)
     assert worker.wait_exit(40) == 0

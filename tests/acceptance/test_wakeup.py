@@ -30,7 +30,9 @@ def wait_idle(after_sql_time):
 
 
 def listen_started(listener_pid):
-    return rows("SELECT query_start FROM pg_stat_activity WHERE pid = %s", [listener_pid])[0][0]
+    """When the listening session connected: its LISTEN, and a worker's claims on the same
+    session, come after that."""
+    return rows("SELECT backend_start FROM pg_stat_activity WHERE pid = %s", [listener_pid])[0][0]
 
 
 def seconds_until_done(job_id, timeout):

@@ -157,7 +157,7 @@ def test_heartbeat_keeps_a_long_job_alive_past_its_lease(start_worker, fast_sett
 def test_notification_wakes_an_idle_worker(start_worker, fast_settings):
     fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "POLL_INTERVAL": 60}
     worker = start_worker()
-    wait_until(lambda: worker.listener and worker.listener.connected.is_set(), message="LISTEN")
+    wait_until(lambda: worker.listening is not None and worker.listening.is_set(), message="LISTEN")
     # Let the loop settle into its 60 s idle wait.
     wait_until(lambda: worker.claimed_total == 0 and worker.free_slots() > 0)
     job = enqueue("noop")
