@@ -3,9 +3,11 @@
 Three kinds, all built from the Django ``DATABASES`` entry of the queue's alias:
 
 - ``Session``: a worker's own psycopg connection for its hot statements (claims, completions,
-  lease extensions), prepared and optionally committed without waiting for the WAL flush.
-- The listener's connection (``open_listen_connection``): LISTEN needs a session of its own,
-  and behind PgBouncer in transaction mode it must go to the server directly.
+  lease extensions), prepared and optionally committed without waiting for the WAL flush; it
+  also LISTENs when the worker listens for itself.
+- A listener's connection (notifications.Listener): LISTEN on a connection of its own, where it
+  must go elsewhere (behind PgBouncer in transaction mode, to the server directly:
+  ``LISTEN_DATABASE``) and for a ``--processes`` group's listener.
 - A delivery record's side connection (``side_execute``): inside an atomic handler, a delivery
   record must commit before the side effect, whatever later happens to the handler's own
   transaction.

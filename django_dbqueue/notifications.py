@@ -76,62 +76,74 @@ def parse_cancel(payload):
 class Wakeup:
     """The claim loop's wake-up flag: ``threading.Event``'s ``set``/``clear``/``is_set``/``wait``,
     plus :meth:`wait_on`, which also returns when a socket (the session's LISTEN connection)
-    becomes readable. ``set()`` from any thread also writes a byte into a pipe that ``wait_on``
-    polls with the socket; the pipe is made by the first ``wait_on`` and closed by
-    :meth:`close`."""
+    becomes readable. The flag is a plain attribute and ``set()`` writes a byte into a pipe that
+    the waits poll; nothing here takes a lock, because ``set()`` is also called from the worker's
+    signal handler (``stop()``), on the loop's own thread, which may be inside ``clear()`` or a
+    wait at that moment (a lock there, or ``threading.Event``'s, could then wait for itself).
+
+    A ``set()`` racing a ``clear()`` may leave a byte in the pipe with the flag down: the next
+    wait returns at once, once, and the loop looks again. :meth:`close` closes the read end; the
+    write end stays open until the object is collected, so that a late ``set()`` from another
+    thread can never write into a descriptor number the system has handed to another file.
+    """
 
     def __init__(self):
-        self._event = threading.Event()
-        self._lock = threading.Lock()  # the pipe's ends: made, written and closed under it
-        self._pipe = None  # (read end, write end)
+        self._flag = False
+        self._read, self._write = os.pipe()  # not inherited by exec'd children (PEP 446)
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
 
     def set(self):
-        if self._event.is_set():
+        if self._flag:
             return
-        self._event.set()
-        with self._lock:
-            if self._pipe is not None:
-                with contextlib.suppress(OSError):  # full (a wake-up is pending anyway)
-                    os.write(self._pipe[1], b"\0")
+        self._flag = True
+        with contextlib.suppress(OSError):  # full, or closed: a wake-up is pending or moot
+            os.write(self._write, b"\0")
 
     def clear(self):
-        self._event.clear()
-        with self._lock:
-            if self._pipe is not None:
-                with contextlib.suppress(OSError):  # empty
-                    while os.read(self._pipe[0], 4096):
-                        pass
+        self._flag = False
+        with contextlib.suppress(OSError):  # empty (BlockingIOError), or closed
+            while os.read(self._read, 4096):
+                pass
 
     def is_set(self):
-        return self._event.is_set()
+        return self._flag
 
     def wait(self, timeout=None):
-        return self._event.wait(timeout)
+        """Sleep until the flag is set or ``timeout`` seconds passed; returns the flag."""
+        if not self._flag:
+            self._poll((), timeout)
+        return self._flag
 
     def wait_on(self, fileno, timeout):
         """Sleep until the flag is set, ``fileno`` is readable or ``timeout`` seconds passed;
         True when ``fileno`` is readable."""
-        with self._lock:
-            if self._pipe is None:
-                self._pipe = os.pipe()  # not inherited by exec'd children (PEP 446)
-                for fd in self._pipe:
-                    os.set_blocking(fd, False)
-            read_end = self._pipe[0]
-        if self._event.is_set():
+        if self._flag:
             return False
+        return fileno in self._poll((fileno,), timeout)
+
+    def _poll(self, filenos, timeout):
+        if self._read < 0:  # closed: the loop is over
+            return set()
         poller = select.poll()
-        poller.register(read_end, select.POLLIN)
-        poller.register(fileno, select.POLLIN)
-        events = poller.poll(None if timeout is None else max(0.0, timeout) * 1000.0)
-        return any(fd == fileno for fd, _ in events)
+        poller.register(self._read, select.POLLIN)
+        for fileno in filenos:
+            poller.register(fileno, select.POLLIN)
+        ms = None if timeout is None else max(0.0, timeout) * 1000.0
+        return {fd for fd, _ in poller.poll(ms)}
 
     def close(self):
-        with self._lock:
-            if self._pipe is not None:
-                for fd in self._pipe:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-                self._pipe = None
+        read, self._read = self._read, -1
+        if read >= 0:
+            with contextlib.suppress(OSError):
+                os.close(read)
+
+    def __del__(self):
+        for name in ("_read", "_write"):
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 class Listener(threading.Thread):

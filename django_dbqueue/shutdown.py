@@ -23,6 +23,7 @@ def quiet_tick(w, wait):
         if w._reconnected:
             w.session.reset()
             w._reconnected = False
+        w._take_notifies()  # a cancel asked for during the grace period reaches its handler
         w.acks.flush_once(w.session)
         w.maintenance.watch_and_beat()
     except DB_ERRORS as exc:
@@ -31,7 +32,7 @@ def quiet_tick(w, wait):
     except OTHER_DB_ERRORS:
         logger.exception("dbqueue worker %s: database error while stopping", w.worker_id)
         w.session.reset()
-    w._wakeup.wait(wait)
+    w._sleep(wait)  # on the session's socket too, when it LISTENs
     w._wakeup.clear()
 
 

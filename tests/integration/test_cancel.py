@@ -312,7 +312,20 @@ def test_the_heartbeat_tells_a_worker_that_does_not_listen(start_worker, setting
     cancel(job.id)
     wait_state(job.id, "cancelled", timeout=5)
     assert time.monotonic() - asked < 2.0
-    assert worker.listener is None
+    assert worker.listening is None  # it does not listen: the heartbeat told it
+
+
+def test_a_cancel_during_the_grace_period_reaches_the_handler_at_once(start_worker, settings):
+    # The worker LISTENs on its own connection; while it stops, it still reads it.
+    settings.DBQUEUE = {**settings.DBQUEUE, "HEARTBEAT_INTERVAL": 30, "SHUTDOWN_GRACE": 30}
+    worker = start_worker(concurrency=2)
+    job = enqueue("cooperative")
+    wait_until(lambda: runs_of(job.id) == 1, message="the handler to start")
+    worker.stop()  # graceful: the handler may run on for the grace period
+    asked = time.monotonic()
+    cancel(job.id)
+    wait_state(job.id, "cancelled", timeout=10)
+    assert time.monotonic() - asked < 2.0  # the heartbeat would have told it in 30 s
 
 
 def test_an_async_handler_is_cancelled(start_worker, tmp_path):

@@ -9,6 +9,7 @@ import time
 
 import psycopg
 import pytest
+from django.db import connection
 
 from django_dbqueue import enqueue
 from django_dbqueue.connections import Session, connection_params
@@ -72,11 +73,14 @@ def test_the_wakeup_flag_interrupts_the_sleep_from_another_thread(session):
         threading.Timer(0.05, wakeup.set).start()
         started = time.monotonic()
         assert wakeup.wait_on(fileno, 10.0) is False  # woken by the flag, not the socket
-        assert time.monotonic() - started < 5.0
+        # Asleep in poll() when the flag was set: its byte in the pipe woke it.
+        assert 0.04 <= time.monotonic() - started < 5.0
         assert wakeup.is_set()
         wakeup.clear()
         assert not wakeup.is_set()
-        assert wakeup.wait_on(fileno, 0.01) is False  # the pipe was drained by clear()
+        started = time.monotonic()
+        assert wakeup.wait_on(fileno, 0.05) is False
+        assert time.monotonic() - started >= 0.04  # slept: clear() drained the pipe
     finally:
         wakeup.close()
 
@@ -109,20 +113,57 @@ def test_a_lost_connection_is_raised_while_idle_and_the_next_connection_listens_
     )
 
 
+def listening_sessions():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue worker (LISTEN %%') "
+            "AND pid <> pg_backend_pid()"
+        )
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def wait_listening(worker):
+    wait_until(lambda: worker.listening is not None and worker.listening.is_set(), message="LISTEN")
+    wait_until(lambda: worker.claims >= 1, message="the claim at start")
+    return worker.session.conn.info.backend_pid
+
+
+def wait_done_well_before_the_poll(job_id):
+    started = time.monotonic()
+    wait_until(
+        lambda: scalar("SELECT state FROM dbqueue_job WHERE id = %s", [job_id]) == "done",
+        timeout=5,
+        message="the job, woken by its notification (the poll is 60 s away)",
+    )
+    return time.monotonic() - started
+
+
 def test_a_worker_listens_and_claims_on_one_connection(start_worker, fast_settings):
     fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "POLL_INTERVAL": 60}
     worker = start_worker()
-    wait_until(lambda: worker.listening is not None and worker.listening.is_set(), message="LISTEN")
+    pid = wait_listening(worker)
     assert worker.listener is None  # no listener thread, no connection of its own
-    pid = worker.session.conn.info.backend_pid
-    listening = scalar(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-        "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue worker (LISTEN %%') "
-        "AND pid <> pg_backend_pid()"
+    assert listening_sessions() == {pid}  # the claim loop's own connection LISTENs
+    claims = worker.claims
+    wait_done_well_before_the_poll(enqueue("noop").id)
+    assert worker.claims > claims  # the notification reached the loop, which claimed
+
+
+def test_a_session_killed_while_the_loop_sleeps_listens_again_at_once(start_worker, fast_settings):
+    # The loop sleeps on the session's socket: the end of the connection wakes it, and it
+    # reconnects and LISTENs again without waiting for its 60 s poll.
+    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "POLL_INTERVAL": 60}
+    worker = start_worker()
+    old = wait_listening(worker)
+    wait_until(
+        lambda: scalar("SELECT state FROM pg_stat_activity WHERE pid = %s", [old]) == "idle",
+        message="the loop asleep",
     )
-    assert listening == 1
-    job = enqueue("noop")
-    wait_until(lambda: scalar("SELECT state FROM dbqueue_job WHERE id = %s", [job.id]) == "done")
-    # The backend that LISTENs is the one that ran the claim the notification caused.
-    last = scalar("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
-    assert "dbqueue_job" in last, last
+    assert scalar("SELECT pg_terminate_backend(%s)", [old])
+    wait_until(
+        lambda: (new := listening_sessions()) and old not in new,
+        timeout=10,
+        message="a new listening session",
+    )
+    assert wait_done_well_before_the_poll(enqueue("noop").id) < 5
