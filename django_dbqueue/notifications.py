@@ -82,13 +82,15 @@ class Wakeup:
     wait at that moment (a lock there, or ``threading.Event``'s, could then wait for itself).
 
     A ``set()`` racing a ``clear()`` may leave a byte in the pipe with the flag down: the next
-    wait returns at once, once, and the loop looks again. :meth:`close` closes the read end; the
-    write end stays open until the object is collected, so that a late ``set()`` from another
-    thread can never write into a descriptor number the system has handed to another file.
+    wait returns at once, once, and the loop looks again. :meth:`close` only marks the flag
+    closed (waits then return at once); both ends stay open until the object is collected, so
+    that a late ``set()`` from another thread never writes into a descriptor number the system
+    has handed to another file, nor into a pipe without a reader (SIGPIPE).
     """
 
     def __init__(self):
         self._flag = False
+        self._closed = False
         self._read, self._write = os.pipe()  # not inherited by exec'd children (PEP 446)
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
@@ -123,7 +125,7 @@ class Wakeup:
         return fileno in self._poll((fileno,), timeout)
 
     def _poll(self, filenos, timeout):
-        if self._read < 0:  # closed: the loop is over
+        if self._closed:  # the loop is over
             return set()
         poller = select.poll()
         poller.register(self._read, select.POLLIN)
@@ -133,10 +135,7 @@ class Wakeup:
         return {fd for fd, _ in poller.poll(ms)}
 
     def close(self):
-        read, self._read = self._read, -1
-        if read >= 0:
-            with contextlib.suppress(OSError):
-                os.close(read)
+        self._closed = True
 
     def __del__(self):
         for name in ("_read", "_write"):

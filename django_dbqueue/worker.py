@@ -117,6 +117,7 @@ class Worker:
         self._next_poll = 0.0  # ... or at the latest at the poll
         self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
         self._signals = 0
+        self._stop_signalled = False  # a signal asked to stop (see install_signal_handlers)
         self._reconnected = False
         self.exit_code = 0
         self.claimed_total = 0
@@ -211,7 +212,7 @@ class Worker:
         asked = self.concurrency + self.prefetch - occupied
         if self.max_jobs is not None:
             asked = min(asked, self.max_jobs - self.claimed_total)
-        if asked <= 0 or self.stopping.is_set():
+        if asked <= 0 or self._stop_requested():
             if done:
                 self._write_done(done)
             return 0, 0
@@ -396,6 +397,8 @@ class Worker:
         if payload is not None and (ids := parse_cancel(payload)) is not None:
             self.cancel_requested(ids)
             return
+        if self.stopping.is_set():
+            return  # no more claims: a wake-up only matters to a cancel, handled above
         if payload is None or parse_wakeup(payload)[0] in self.queues:
             self._claim_next = True
             self._wakeup.set()
@@ -419,16 +422,39 @@ class Worker:
                 signal.Signals(signum).name,
                 self.conf.SHUTDOWN_GRACE,
             )
-            self.stop()
+            # Plain attributes and the lock-free wake-up flag only: the handler runs on the
+            # loop's thread, which may hold a lock of threading.Event's at this instant. The
+            # loop turns the request into ``stopping`` (_stop_requested).
+            self._releasing = True
+            self._stop_signalled = True
+            self._wakeup.set()
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)
 
     def stop(self):
-        """Ask the loop to stop claiming and shut down gracefully. Safe from any thread."""
+        """Ask the loop to stop claiming and shut down gracefully. Safe from any thread (but not
+        from a signal handler on the loop's thread: the handlers above set a flag instead)."""
         self._releasing = True
         self.stopping.set()
         self._wakeup.set()
+
+    def _stop_requested(self):
+        """Whether to stop: ``stop()`` was called, or a signal asked (made ``stopping`` here, on
+        the loop's thread)."""
+        if self._stop_signalled and not self.stopping.is_set():
+            self.stopping.set()
+        return self.stopping.is_set()
+
+    def _backoff(self, delay):
+        """Wait ``delay`` seconds before retrying the database, or less if asked to stop."""
+        deadline = time.monotonic() + delay
+        while not self._stop_requested():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wakeup.wait(left)
+            self._wakeup.clear()
 
     # ---------------------------------------------------------------------------------------
     # The loop
@@ -484,7 +510,7 @@ class Worker:
 
     def _loop(self):
         errors = 0
-        while not self.stopping.is_set():
+        while not self._stop_requested():
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 logger.warning("dbqueue worker %s: its supervisor died; stopping", self.worker_id)
                 self.stop()
@@ -532,7 +558,7 @@ class Worker:
                 logger.warning(
                     "dbqueue worker lost the database (%s); retrying in %.2fs", exc, delay
                 )
-                self.stopping.wait(delay)
+                self._backoff(delay)
                 continue
             except OTHER_DB_ERRORS:
                 # Not a lost connection (a bad row, a broken constraint, a migration not
@@ -545,7 +571,7 @@ class Worker:
                 # Also drops the session's prepared statements, which a migration can make
                 # invalid ("cached plan must not change result type").
                 self._lost_connection()
-                self.stopping.wait(delay)
+                self._backoff(delay)
                 continue
             if claimed is not None:
                 if self.max_jobs is not None and self.claimed_total >= self.max_jobs:
@@ -598,7 +624,7 @@ class Worker:
 
     def _batch_acks(self):
         """Let a few completions gather into one statement, unless the slots want a claim."""
-        if not self.acks.pending() or self.acks.full() or self.stopping.is_set():
+        if not self.acks.pending() or self.acks.full() or self._stop_requested():
             return
         if self._keyed_due or (self.free_slots() >= self._min_batch and self._want_capacity):
             return  # a claim is due: the completions go with it

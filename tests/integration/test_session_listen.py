@@ -70,8 +70,8 @@ def test_the_wakeup_flag_interrupts_the_sleep_from_another_thread(session):
     wakeup = Wakeup()
     try:
         fileno = session.listening_fileno()
-        threading.Timer(0.05, wakeup.set).start()
         started = time.monotonic()
+        threading.Timer(0.05, wakeup.set).start()
         assert wakeup.wait_on(fileno, 10.0) is False  # woken by the flag, not the socket
         # Asleep in poll() when the flag was set: its byte in the pipe woke it.
         assert 0.04 <= time.monotonic() - started < 5.0
@@ -113,6 +113,9 @@ def test_a_lost_connection_is_raised_while_idle_and_the_next_connection_listens_
     )
 
 
+QUIET = {"POLL_INTERVAL": 60, "HEARTBEAT_INTERVAL": 30, "SWEEP_INTERVAL": 30, "LEASE": 90}
+
+
 def listening_sessions():
     with connection.cursor() as cursor:
         cursor.execute(
@@ -140,7 +143,8 @@ def wait_done_well_before_the_poll(job_id):
 
 
 def test_a_worker_listens_and_claims_on_one_connection(start_worker, fast_settings):
-    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "POLL_INTERVAL": 60}
+    # Nothing else wakes the loop for half a minute: no poll, heartbeat or sweep.
+    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, **QUIET}
     worker = start_worker()
     pid = wait_listening(worker)
     assert worker.listener is None  # no listener thread, no connection of its own
@@ -153,7 +157,8 @@ def test_a_worker_listens_and_claims_on_one_connection(start_worker, fast_settin
 def test_a_session_killed_while_the_loop_sleeps_listens_again_at_once(start_worker, fast_settings):
     # The loop sleeps on the session's socket: the end of the connection wakes it, and it
     # reconnects and LISTENs again without waiting for its 60 s poll.
-    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "POLL_INTERVAL": 60}
+    # Nothing else wakes the loop for half a minute: no poll, heartbeat or sweep.
+    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, **QUIET}
     worker = start_worker()
     old = wait_listening(worker)
     wait_until(
@@ -161,9 +166,11 @@ def test_a_session_killed_while_the_loop_sleeps_listens_again_at_once(start_work
         message="the loop asleep",
     )
     assert scalar("SELECT pg_terminate_backend(%s)", [old])
+    started = time.monotonic()
     wait_until(
         lambda: (new := listening_sessions()) and old not in new,
         timeout=10,
         message="a new listening session",
     )
+    assert time.monotonic() - started < 5  # the loop noticed at once (its backoff: 0.2 s)
     assert wait_done_well_before_the_poll(enqueue("noop").id) < 5
