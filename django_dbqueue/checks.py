@@ -241,6 +241,13 @@ def _check_type_flow():
     return errors
 
 
+def setting_valid(key, value):
+    """Whether ``value`` passes the rule of ``DBQUEUE[key]`` that check_settings applies (for
+    code that must fall back to the default rather than fail on a bad value)."""
+    predicate = _RULES[key][0]
+    return predicate is None or predicate(value)
+
+
 @register(Tags.compatibility, "dbqueue")
 def check_settings(app_configs=None, **kwargs):
     user = getattr(settings, SETTING_NAME, {})

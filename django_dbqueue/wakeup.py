@@ -20,12 +20,12 @@ The notification is a statement of its own, a transaction that does not wait for
 (``sql.NOTIFY_WORKERS``), with the payload ``"<count>:<queue>"``. Per process, per database and
 queue, at most one is sent per window (``DBQUEUE["WAKEUP_WINDOW"]``, 5 ms by default), with the
 committing thread's commit: the first commit after a window has passed sends it, carrying the
-count of every job committed since the previous one. So that the last jobs of a burst are never left to the poll, a sender thread sends
-what is still pending half a window after the window ended, when no commit came to carry it. That
-thread opens its own connection only when a burst needs it, and closes it after
-:data:`IDLE_CLOSE` seconds without one. (Sending everything from the thread would spare the
-committing thread its round trip, but was measured to slow a busy process down more: the
-thread's Python work competes for the GIL with the requests.)
+count of every job committed since the previous one. So that the last jobs of a burst are never
+left to the poll, a sender thread sends what is still pending half a window after the window
+ended, when no commit came to carry it. That thread opens its own connection only when a burst
+needs it, and closes it after :data:`IDLE_CLOSE` seconds without one. (Sending everything from
+the thread would spare the committing thread its round trip, but was measured to slow a busy
+process down more: the thread's Python work competes for the GIL with the requests.)
 
 A wake-up is only a hint. A failed one is logged at WARNING and never raised: the caller's data
 has committed. A crash between the commit and the notification costs latency, not the job: the
@@ -57,10 +57,10 @@ def window():
     """``DBQUEUE["WAKEUP_WINDOW"]``: at most one notification per queue per process in this many
     seconds, plus the trailing one. A bad value (the system checks report it) falls back to the
     default here: a wake-up must never raise into the caller's commit."""
+    from .checks import setting_valid  # lazily: the package imports this module early
+
     value = get_settings().WAKEUP_WINDOW
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 60:
-        return value
-    return DEFAULT_WINDOW
+    return value if setting_valid("WAKEUP_WINDOW", value) else DEFAULT_WINDOW
 
 
 def payload(count, queue):

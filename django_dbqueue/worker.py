@@ -6,10 +6,10 @@ it claims jobs into free handler slots, writes the outcomes the handlers left in
 acknowledgement buffer (``acks.flush_once``), renews leases (``heartbeat.beat_once``), gives up
 runs past their timeout, sweeps expired leases and ticks the schedule. Handlers run in the
 handler pool (``execution.py``), which touches the database only through the handlers' own
-Django connections. A listener thread (or, under ``--processes``, the supervisor) turns
-NOTIFY into an immediate claim: a worker that listens for itself does it on its Session, and its
-loop sleeps on that connection's socket (a listener thread with a connection of its own only
-where ``LISTEN_DATABASE`` names another database); under ``--processes`` the supervisor listens.
+Django connections. NOTIFY turns into an immediate claim: a worker that listens for itself does
+it on its Session, and its loop sleeps on that connection's socket (a listener thread with a
+connection of its own only where ``LISTEN_DATABASE`` names another database); under
+``--processes`` the supervisor listens for the group.
 
 Dedicated connections per worker process: the Session; plus the listener's only when
 ``LISTEN_DATABASE`` sends the LISTEN to another database.
