@@ -121,9 +121,18 @@ class _Child:
         self.process.start()
         child_conn.close()
 
-    def kill(self):
+    def signal_kill(self):
+        """SIGKILL the child, from any thread. Its pipe stays open: the slot's thread, which owns
+        it, sees the end of file and closes it (``kill``)."""
         with contextlib.suppress(ProcessLookupError, AttributeError, ValueError):
             self.process.kill()
+
+    def kill(self):
+        """Kill the child and close its pipe: only from the slot's own thread. Closing the pipe
+        from another thread too could close its descriptor twice, and the second close would
+        hit whatever the slot's thread opened under that number meanwhile (its next child's
+        pipe: that job would fail with "the handler process died")."""
+        self.signal_kill()
         self.process.join(5)
         with contextlib.suppress(OSError):
             self.conn.close()
@@ -151,7 +160,7 @@ class ProcessPool(ThreadPool):
                 entry.ctx.id,
                 entry.ctx.type,
             )
-            child.kill()
+            child.signal_kill()  # the slot's thread sees the end of file and cleans up
 
     def cancel(self, entry):
         """``entry``'s cancel was asked for: signal the child running it (see the module doc)."""
