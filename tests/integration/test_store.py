@@ -167,6 +167,50 @@ def test_claim_plan_uses_the_partial_index_with_100k_finished_rows():
     assert len(claim(10)) == 10
 
 
+def claim_plan_scans():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + sql.CLAIM_JOBS,
+            {
+                "worker": "w",
+                "queues": ["default"],
+                "limits": [10],
+                "limit": 10,
+                "threads": 10,
+                "token": 1,
+                "commit": "off",
+            },
+        )
+        plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    return [
+        (n["Node Type"], n.get("Index Name"))
+        for n in _plan_nodes(plan[0]["Plan"])
+        if n.get("Relation Name") == "dbqueue_job"
+    ]
+
+
+def test_claim_updates_its_rows_by_primary_key_on_a_small_table():
+    """A quiet queue after retention: a few hundred rows. Joined to the chosen ids, the UPDATE
+    hashed the whole table (a sequential scan per claim); it probes the primary key instead."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+                max_attempts, lease_seconds, errors, created_at, finished_at)
+            SELECT 'noop', 'default', '{}', 'done', 0, now(), 1, 10, 60, '[]', now(), now()
+            FROM generate_series(1, 300)
+            """
+        )
+    enqueue_many([("noop", {})] * 3)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE dbqueue_job")
+    scans = claim_plan_scans()
+    assert ("Index Scan", "dbqueue_job_pkey") in scans, scans
+    assert not any(kind == "Seq Scan" for kind, _ in scans), scans
+    assert len(claim(10)) == 3
+
+
 def test_zombie_cannot_complete_or_fail_a_reclaimed_job():
     job = enqueue("record")
     (_zombie,) = claim(worker="zombie")
