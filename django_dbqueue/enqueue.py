@@ -28,6 +28,9 @@ class EnqueuedJob:
 
 
 def _job_type(name):
+    job_type = registry.get(name) if type(name) is str else None
+    if job_type is not None:
+        return job_type  # a registered name is a valid one
     validation.type_name(name, "job type", error=EnqueueError)
     job_type = registry.get(name)
     if job_type is None:
@@ -84,8 +87,20 @@ def _derived_key(job_type, label, given, payload):
     return validation.job_key(given, label, error=EnqueueError)
 
 
+_NO_FLOW = {"unique_key": None, "unique_while": None, "serial_key": None}
+
+
 def _flow(job_type, payload, *, unique_key, unique_while, debounce, serial_key):
     """The flow-control values of one job (docs/concepts.md), validated."""
+    if (
+        debounce is False
+        and unique_key is None
+        and unique_while is None
+        and serial_key is None
+        and job_type.unique_key is None
+        and job_type.serial_key is None
+    ):
+        return _NO_FLOW  # (read, never changed: the caller copies it into the job's values)
     if not isinstance(debounce, bool):
         raise EnqueueError(f"debounce must be True or False, got {validation.shown(debounce)}")
     unique_key = _derived_key(job_type, "unique_key", unique_key, payload)
@@ -140,27 +155,24 @@ def _prepare(
             "): an idempotency key already allows one job per key in any state"
         )
     payload_json = payloads.dumps({} if payload is None else payload)
-    queue = validation.queue_name(
-        job_type.get_queue(conf) if queue is None else queue, error=EnqueueError
-    )
-    if queue not in conf.QUEUES:
-        raise EnqueueError(
-            f"queue {queue!r} is not in DBQUEUE['QUEUES'] ({', '.join(conf.QUEUES)}); "
-            "no worker would claim it. Add it to the setting."
+    if queue is None and priority is None and max_attempts is None:
+        queue, priority, max_attempts, lease = _type_values(job_type, conf)
+    else:
+        queue = _queue(job_type.get_queue(conf) if queue is None else queue, conf)
+        priority = validation.priority(
+            job_type.priority if priority is None else priority, error=EnqueueError
         )
-    priority = validation.priority(
-        job_type.priority if priority is None else priority, error=EnqueueError
-    )
+        max_attempts = validation.max_attempts(
+            job_type.get_max_attempts(conf) if max_attempts is None else max_attempts,
+            error=EnqueueError,
+        )
+        lease = job_type.get_lease(conf)
     if run_after is not None and delay is not None:
         raise EnqueueError("pass run_after or delay, not both")
     run_after = _run_after(run_after)
     delay = 0.0 if delay is None else validation.seconds(delay, "delay", error=EnqueueError)
     if idempotency_key is not None:
         validation.key(idempotency_key, error=EnqueueError)
-    max_attempts = validation.max_attempts(
-        job_type.get_max_attempts(conf) if max_attempts is None else max_attempts,
-        error=EnqueueError,
-    )
     return {
         "type": type,
         "queue": queue,
@@ -169,10 +181,40 @@ def _prepare(
         "run_after": run_after,
         "delay": delay,
         "max_attempts": max_attempts,
-        "lease": job_type.get_lease(conf),
+        "lease": lease,
         "key": idempotency_key,
         **flow,
     }
+
+
+def _queue(queue, conf):
+    queue = validation.queue_name(queue, error=EnqueueError)
+    if queue not in conf.QUEUES:
+        raise EnqueueError(
+            f"queue {queue!r} is not in DBQUEUE['QUEUES'] ({', '.join(conf.QUEUES)}); "
+            "no worker would claim it. Add it to the setting."
+        )
+    return queue
+
+
+_TYPE_VALUES = {}  # id(job type) -> (job type, settings, its values): see _type_values
+
+
+def _type_values(job_type, conf):
+    """``(queue, priority, max_attempts, lease)`` of the jobs of ``job_type`` that name none of
+    them, validated once per type and settings: ``get_settings()`` returns a new object when the
+    settings change, and a type registered again is a new object."""
+    entry = _TYPE_VALUES.get(id(job_type))
+    if entry is not None and entry[0] is job_type and entry[1] is conf:
+        return entry[2]
+    values = (
+        _queue(job_type.get_queue(conf), conf),
+        validation.priority(job_type.priority, error=EnqueueError),
+        validation.max_attempts(job_type.get_max_attempts(conf), error=EnqueueError),
+        job_type.get_lease(conf),
+    )
+    _TYPE_VALUES[id(job_type)] = (job_type, conf, values)
+    return values
 
 
 def enqueue(

@@ -99,7 +99,11 @@ def _check(value, parts):
     _fail(_where(parts), f"is {what}: {shown(value)}, which JSON cannot carry unchanged; {hint}")
 
 
+# One encoder for every call: json.dumps() with these options builds a new one each time.
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def dumps(value, path="payload"):
     """Validate and serialise a payload; the text that goes into the ``jsonb`` column."""
     check(value, path)
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(value)

@@ -418,3 +418,17 @@ def test_enqueue_many_validates_every_item_first():
     with pytest.raises(EnqueueError, match=r"jobs\[0\] has unknown keys \['colour'\]"):
         enqueue_many([{"type": "noop", "colour": "red"}])
     assert nothing_written()
+
+
+def test_a_types_values_follow_the_settings_they_were_validated_for(settings):
+    """enqueue() validates a type's queue, priority, attempts and lease once per settings: a
+    change of the settings is seen by the next call, for better or worse."""
+    first = enqueue("noop")
+    settings.DBQUEUE = {**settings.DBQUEUE, "MAX_ATTEMPTS": 4, "LEASE": 7.0}
+    second = enqueue("noop")
+    assert (job_row(first.id)["max_attempts"], job_row(second.id)["max_attempts"]) == (10, 4)
+    assert job_row(second.id)["lease_seconds"] == 7.0
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": {"emails": {}}}
+    with pytest.raises(EnqueueError, match="queue 'default' is not in DBQUEUE"):
+        enqueue("noop")
+    assert enqueue("noop", queue="emails").queue == "emails"
