@@ -5,8 +5,12 @@
   after another for ``--seconds`` (8): an invoice INSERT plus one job. Every side runs in the
   same invocation, one after another on emptied tables, the order rotating between repeats:
 
-  ours            ``transaction.atomic()``: invoice INSERT on Django's cursor, ``enqueue()``; the
-                  wake-up after the commit (django_dbqueue.wakeup)
+  ours            ``transaction.atomic()``: invoice INSERT on Django's cursor, ``enqueue()``; no
+                  worker waits for a wake-up on the queue (as when every worker is busy, or
+                  none runs), so the enqueues send none (django_dbqueue.waiters)
+  ours-waited     the same while a worker waits on the queue (a connection that says so and
+                  LISTENs, and never claims): every enqueue finds it and sends its wake-up
+                  after the commit, coalesced (django_dbqueue.wakeup): the most they pay
   django-bare     baseline (a): the same invoice INSERT and a bare job INSERT, no NOTIFY at all,
                   on Django's cursor in ``transaction.atomic()``
   django+notify   the same with ``pg_notify`` in the job INSERT: the notification inside the
@@ -14,18 +18,20 @@
   psycopg         baseline (b): the two bare statements on a plain psycopg connection, no NOTIFY
   psycopg+notify  the same with ``pg_notify`` in the job INSERT
 
-  ``--variants`` adds two of ours with one design choice undone, to measure it:
+  ``--variants`` adds sides with one design choice undone, to measure it: ours-nocheck (ours,
+  with the INSERT not looking whether a worker waits: what looking costs), and of ours-waited,
   ours-window0 (no coalescing: every commit notifies), ours-window20 (``WAKEUP_WINDOW`` of
-  20 ms instead of 5), ours-sync-notify (the wake-up
-  statement waits for the WAL flush: no ``set_config('synchronous_commit', 'off', true)``) and
-  ours-thread (every notification sent by the sender thread: no round trip for the caller).
+  20 ms instead of 5), ours-sync-notify (the wake-up statement waits for the WAL flush: no
+  ``set_config('synchronous_commit', 'off', true)``) and ours-thread (every notification sent by
+  the sender thread: no round trip for the caller).
 
   Reported per side: transactions/s (the sum of the producers' rates), p50/p99 latency of a
   transaction (from before its first statement to the return of its commit and, for ours, its
   wake-up), and the share of the producers' ``pg_stat_activity`` samples (every 100 ms, from a
   connection of its own) waiting on ``Lock``/``object``: the notify queue's lock that
   PostgreSQL takes at the commit of a transaction that notified. Samples of the wake-up sender
-  thread's own connection (ours) are counted apart: no producer waits for it.
+  thread's own connection (ours) are counted apart: no producer waits for it. For the sides
+  with a waiter: the wake-ups it received per second.
 
 - wake-up: a ``Worker`` serving only ``default`` in a thread of this process (LISTEN, poll 2 s)
   and a producer process committing one job per transaction inside ``transaction.atomic()``,
@@ -81,8 +87,10 @@ CHANNEL = "dbqueue"
 BARE_ENQUEUE = BASE_ENQUEUE.replace(", pg_notify(%(channel)s, %(queue)s)", "")
 assert "pg_notify" not in BARE_ENQUEUE
 
-SIDES = ["ours", "django-bare", "django+notify", "psycopg", "psycopg+notify"]
-VARIANTS = ["ours-window0", "ours-window20", "ours-sync-notify", "ours-thread"]
+SIDES = ["ours", "ours-waited", "django-bare", "django+notify", "psycopg", "psycopg+notify"]
+VARIANTS = ["ours-nocheck", "ours-window0", "ours-window20", "ours-sync-notify", "ours-thread"]
+# A worker waits on the producers' queue: every enqueue sends its wake-up.
+WAITED = {"ours-waited", "ours-window0", "ours-window20", "ours-sync-notify", "ours-thread"}
 WINDOWS = {"ours-window0": 0.0, "ours-window20": 0.020}  # WAKEUP_WINDOW of these variants
 
 SAMPLE = """
@@ -127,6 +135,8 @@ def django_transaction(side):
 
         settings.DBQUEUE = {**settings.DBQUEUE, "WAKEUP_WINDOW": WINDOWS[side]}
         get_settings.cache_clear()
+    if side == "ours-nocheck":  # the INSERT without looking whether a worker waits
+        sql.INSERT_JOB = sql.INSERT_JOB.replace(sql._WANTED, "false")
     if side == "ours-sync-notify":
         sql.NOTIFY_WORKERS = sql.NOTIFY_WORKERS_AT_COMMIT  # the same statement, flushed
     if side == "ours-thread":
@@ -311,15 +321,51 @@ class Sampler(threading.Thread):
                 self.stopped.wait(max(0.0, next_at - time.monotonic()))
 
 
+class Waiter(threading.Thread):
+    """LISTENs and counts the notifications it receives, never claims. With ``waits``, a worker
+    waiting for wake-ups on the producers' queue, and no more: it says so (waiters.hold)."""
+
+    def __init__(self, params, *, waits):
+        super().__init__(name="fleet-waiter", daemon=True)
+        from django_dbqueue import waiters
+
+        self.conn = psycopg.connect(**params, autocommit=True)
+        self.conn.execute(f"LISTEN {CHANNEL}")
+        if waits and not waiters.hold(self.conn, [FLEET_QUEUE]):
+            raise RuntimeError("fleet: the waiter could not say that it waits")
+        self.stopped = threading.Event()
+        self.received = 0
+
+    def run(self):
+        import select
+
+        pgconn = self.conn.pgconn
+        while not self.stopped.is_set():
+            select.select([self.conn.fileno()], [], [], 0.1)
+            pgconn.consume_input()
+            while pgconn.notifies() is not None:
+                self.received += 1
+
+    def close(self):
+        self.stopped.set()
+        self.join(5)
+        self.conn.close()
+
+
 def quantile(values, q):
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def enqueue_side(env, side, args, child_args):
     env.reset()
+    # Every side of ours is listened to, so that its wake-ups are counted; only the WAITED ones
+    # say that they wait.
+    waiter = Waiter(env.params, waits=side in WAITED) if side.startswith("ours") else None
     producers = Producers(side, args.producers, args.seconds, child_args)
     sampler = Sampler(env.params, producers.backends)
     try:
+        if waiter is not None:
+            waiter.start()
         sampler.start()
         producers.go()
         results = producers.results()
@@ -327,13 +373,17 @@ def enqueue_side(env, side, args, child_args):
         producers.kill()
         sampler.stopped.set()
         sampler.join(10)
+        if waiter is not None:
+            waiter.close()
     latencies = sorted(ms * 1000.0 for r in results for ms in r["latencies"])
     count = sum(r["count"] for r in results)
     jobs = env.states().get("pending", 0)
     if jobs != count:
         raise RuntimeError(f"fleet {side}: {count} transactions committed but {jobs} jobs pending")
     s = sampler.samples
+    seconds = statistics.median(r["seconds"] for r in results)
     return {
+        "wakeups_s": waiter.received / seconds if waiter is not None else None,
         "tx_s": sum(r["count"] / r["seconds"] for r in results),
         "count": count,
         "p50_ms": statistics.median(latencies),
@@ -461,6 +511,9 @@ def print_enqueue(runs, sides):
         waits = runs[-1][side]["top_waits"]
         sender = [run[side]["sender_lock_share"] for run in runs if run[side]["sender_samples"]]
         extra = f"  sender Lock/object {statistics.median(sender):.1%}" if sender else ""
+        wakeups = [run[side]["wakeups_s"] for run in runs if run[side].get("wakeups_s") is not None]
+        if wakeups:
+            extra += f"  wake-ups received {statistics.median(wakeups):,.0f}/s"
         print(
             f"{side:17} {tx:8,.0f} [{lo:,.0f}..{hi:,.0f}] {p50:7.2f} {p99:7.2f} {share:12.2%} "
             f"{samples:9}  {', '.join(f'{w} {n}' for w, n in waits)}{extra}"
@@ -473,11 +526,13 @@ def print_enqueue(runs, sides):
 
     checks = [
         ("ours", "django-bare", ">= 0.95x", 0.95),
+        ("ours-waited", "django-bare", "-", None),
+        ("ours-waited", "ours", "-", None),
         ("ours", "psycopg", "-", None),
         ("django+notify", "django-bare", "-", None),
         ("psycopg+notify", "psycopg", "-", None),
         ("django-bare", "psycopg", "-", None),
-    ] + [(v, "ours", "-", None) for v in sides if v in VARIANTS]
+    ] + [(v, "ours-waited" if v in WAITED else "ours", "-", None) for v in sides if v in VARIANTS]
     checks += [(v, "django-bare", "-", None) for v in sides if v in WINDOWS]
     for a, b, target, limit in checks:
         if a not in sides or b not in sides:
@@ -519,7 +574,7 @@ def parse_args(argv=None):
     parser.add_argument(
         "--variants",
         action="store_true",
-        help="also ours-window0, ours-window20, ours-sync-notify, ours-thread",
+        help="also ours-nocheck, ours-window0, ours-window20, ours-sync-notify, ours-thread",
     )
     parser.add_argument(
         "--load-rate",

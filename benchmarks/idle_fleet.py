@@ -159,7 +159,7 @@ def sessions(admin, name):
         # workers before they listened on their own session), or a worker's own session, which
         # LISTENs and claims (its application_name says so).
         "SELECT count(*), count(*) FILTER (WHERE query LIKE 'LISTEN %%' "
-        "OR application_name LIKE 'dbqueue worker (LISTEN %%'), "
+        "OR application_name LIKE 'dbqueue %% (LISTEN %%'), "
         "count(*) FILTER (WHERE state <> 'idle') FROM pg_stat_activity "
         "WHERE datname = %s AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
         [name],

@@ -106,6 +106,7 @@ _RULES = {
         lambda v: _number(v, minimum=0) and v <= 60,
         "a number of seconds >= 0, at most 60",
     ),
+    "WAKEUP_IF_WAITING": (lambda v: isinstance(v, bool), "True or False"),
     "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
     "LISTEN_DATABASE": (
         lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),

@@ -29,6 +29,7 @@ DEFAULTS = {
     "ACK_BATCH": 500,  # completions that force a flush
     "NOTIFY_CHANNEL": "dbqueue",  # LISTEN/NOTIFY channel
     "WAKEUP_WINDOW": 0.005,  # seconds: at most one wake-up per queue per process in this window
+    "WAKEUP_IF_WAITING": True,  # wake only when a worker waits for it; False: after every enqueue
     "LISTEN": True,  # False for PgBouncer in transaction mode: poll only
     "LISTEN_DATABASE": None,  # alias with a direct connection for LISTEN; None = DATABASE
     "EXECUTION": "thread",  # "thread", or "process": handlers in child processes (hard timeout)

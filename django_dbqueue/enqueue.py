@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from . import payloads, registry, store, tracing, validation, wakeup
+from . import payloads, registry, store, tracing, validation, waiters, wakeup
 from .conf import get_settings
 from .exceptions import EnqueueError, UnknownJobType, UnsupportedDatabase
 
@@ -328,8 +328,8 @@ def enqueue(
     while True:
         inserted = store.insert_job(using, **values)
         if inserted is not None:
-            job_id, due = inserted
-            if due:
+            job_id, wake = inserted
+            if waiters.wanted(wake):
                 wakeup.jobs_ready(using, (values["queue"],))
             return EnqueuedJob(job_id, True, type, values["queue"])
         existing = store.ids_by_keys(using, [idempotency_key]).get(idempotency_key)
@@ -351,8 +351,8 @@ def _enqueue_unique(using, values, debounce):
     for _ in range(UNIQUE_TRIES):
         inserted = store.insert_unique_job(using, debounce=debounce, **values)
         if inserted is not None:
-            job_id, due, created = inserted
-            if due:
+            job_id, wake, created = inserted
+            if waiters.wanted(wake):
                 wakeup.jobs_ready(using, (values["queue"],))
             return EnqueuedJob(job_id, created, values["type"], values["queue"])
         holder = store.unique_holder(using, key)
@@ -453,11 +453,11 @@ def enqueue_many(jobs, *, using=None):
         return []
     columns = {**columns_of(prepared), "keys": [p["key"] for p in prepared]}
     rows = store.insert_jobs(using, columns=columns, traceparent=tracing.current_traceparent())
-    wakeup.jobs_ready(using, (queue for _, _, queue, due in rows if due))
+    wakeup.jobs_ready(using, (queue for _, _, queue, wake in rows if waiters.wanted(wake)))
     # RETURNING order is not guaranteed; rows without a key map back by insertion order, which
     # INSERT ... SELECT ... ORDER BY preserves for the id sequence.
-    keyed = {key: job_id for job_id, key, _, _ in rows if key is not None}
-    unkeyed = sorted(job_id for job_id, key, _, _ in rows if key is None)
+    keyed = {key: job_id for job_id, key, *_ in rows if key is not None}
+    unkeyed = sorted(job_id for job_id, key, *_ in rows if key is None)
     missing = [p["key"] for p in prepared if p["key"] is not None and p["key"] not in keyed]
     existing = store.ids_by_keys(using, missing) if missing else {}
     result, unkeyed_iter, seen = [], iter(unkeyed), set()

@@ -29,7 +29,7 @@ import time
 
 import psycopg
 
-from .connections import connect
+from .connections import connect, connection_params
 
 logger = logging.getLogger("django_dbqueue.notifications")
 
@@ -151,14 +151,29 @@ class Listener(threading.Thread):
     After every (re)connection it calls ``on_notify(None)``: notifications sent while it was
     away are lost, so the worker should look for work at once. Reconnects with capped, jittered
     backoff; stops when ``stop_event`` is set.
+
+    With ``wait_queues`` it also says, on its connection, that its workers wait for wake-ups on
+    those queues (waiters.py), for as long as it is connected, before that ``on_notify(None)``:
+    where the workers' own connections go through a pooler and cannot hold the lock.
     """
 
     IDLE_CHECK = 30.0  # seconds of silence after which the connection is probed
 
-    def __init__(self, using, channel, on_notify, stop_event, *, max_backoff=5.0, on_crash=None):
+    def __init__(
+        self,
+        using,
+        channel,
+        on_notify,
+        stop_event,
+        *,
+        max_backoff=5.0,
+        on_crash=None,
+        wait_queues=None,
+    ):
         super().__init__(name="dbqueue-listener", daemon=True)
         self.using = using
         self.channel = channel
+        self.wait_queues = list(wait_queues or ())
         self.on_notify = on_notify
         self.stop_event = stop_event
         self.max_backoff = max_backoff
@@ -180,10 +195,12 @@ class Listener(threading.Thread):
         failures = 0
         while not self.stop_event.is_set():
             try:
-                with connect(self.using) as conn:
+                with connect(self.using, **self._names()) as conn:
                     conn.execute(
                         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel))
                     )
+                    if self.wait_queues:
+                        self._start_waiting(conn)
                     failures = 0
                     self.connected.set()
                     self.on_notify(None)
@@ -200,6 +217,24 @@ class Listener(threading.Thread):
                 )
                 self.stop_event.wait(delay)
         self.connected.clear()
+
+    APPLICATION_NAME = "dbqueue listener"  # unless the database's OPTIONS name one
+
+    def _names(self):
+        """Its ``application_name`` in pg_stat_activity: ``dbqueue listener (LISTEN <channel>)``,
+        unless the database's OPTIONS name one."""
+        if "application_name" in connection_params(self.using):
+            return {}
+        return {"application_name": f"{self.APPLICATION_NAME} (LISTEN {self.channel})"}
+
+    def _start_waiting(self, conn):
+        """Say on ``conn`` that the workers wait for wake-ups on ``wait_queues``
+        (waiters.hold), trying until it goes through or the thread stops."""
+        from . import waiters
+
+        delay = waiters.RETRY_BASE
+        while not waiters.hold(conn, self.wait_queues) and not self.stop_event.wait(delay):
+            delay = min(waiters.RETRY_CAP, delay * 2)
 
     def _listen(self, conn):
         pgconn = conn.pgconn

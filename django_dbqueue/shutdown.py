@@ -71,6 +71,7 @@ def shut_down(w):
     while not w._releasing and w.inflight.occupied():
         quiet_tick(w, 0.05)
     w.stopping.set()
+    w.waiting.release()  # no more claims: enqueues need not wake us
     unstarted = w.inflight.release_unstarted()
     if unstarted:
         release(w, unstarted, "not started before the stop")

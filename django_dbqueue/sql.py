@@ -5,6 +5,35 @@ Statements that touch many rows take arrays and ``unnest`` them, so a batch is o
 Time is always the database's ``now()``, never a worker's clock.
 """
 
+# Whether an enqueue's job wants a wake-up (waiters.py explains it). Two advisory locks per
+# queue, keyed by the queue's hashtext() (computed by the server on both sides: the enqueue binds
+# nothing more for them), of two classes: WAITING ('dbq1' in ASCII), held shared at session level
+# by every worker that waits for a wake-up on the queue (START_WAITING), and ENQUEUING ('dbq2'),
+# held shared by an enqueue that found nobody waiting, until its transaction ends. The CASE fixes
+# the order: ENQUEUING first (held: a worker that starts waiting meanwhile waits for this commit
+# before its claim, AWAIT_ENQUEUERS), then WAITING, tried exclusively and let go of at once (a
+# session lock for an instant: concurrent enqueuers do not hold it against each other). True
+# (a wake-up is wanted) when either fails: a worker waits, or is starting to.
+WAITING_LOCK = 0x64627131
+ENQUEUING_LOCK = 0x64627132
+
+
+def _wakeup_wanted(queue):
+    key = f"hashtext({queue})"
+    return (
+        f"CASE WHEN NOT pg_try_advisory_xact_lock_shared({ENQUEUING_LOCK}, {key}) THEN true"
+        f" WHEN pg_try_advisory_lock({WAITING_LOCK}, {key})"
+        f" THEN NOT pg_advisory_unlock({WAITING_LOCK}, {key}) ELSE true END"
+    )
+
+
+# The same once per queue of a batch (enqueue_many, a workflow), from its inserted rows.
+WAKEUPS_WANTED = f"""
+SELECT q.queue, {_wakeup_wanted("q.queue")} AS wanted
+FROM (SELECT DISTINCT queue FROM inserted) AS q
+"""
+
+
 # Enqueue: one round trip, one statement, and no notification. A NOTIFY inside the caller's
 # transaction would make PostgreSQL take a cluster-wide lock at its commit and hold it through the
 # WAL flush, so concurrent enqueuing commits would queue behind each other; the wake-up is sent
@@ -12,7 +41,9 @@ Time is always the database's ``now()``, never a worker's clock.
 # of INSERT_JOB_VARIANTS below), built here once from one template: with or without an idempotency key (ON CONFLICT makes "at most one job per key" hold
 # under a race: the second inserter waits for the first to commit, then inserts nothing and
 # returns no row), and due now or scheduled. A scheduled variant also says whether the job is
-# already due by the database's clock, so that only a due job wakes a worker. The plain variant
+# already due by the database's clock, so that only a due job wakes a worker: each returns the
+# job's id and ``wake``, NULL for a job not due yet, else whether a worker waits for its wake-up
+# (_wakeup_wanted). The plain variant
 # is what nearly every enqueue runs, and the server parses and plans a statement with fewer
 # parameters and no expressions measurably faster. Each has a traced twin (``_TRACED``) that also
 # stores the enqueuer's W3C traceparent; the untraced ones leave the column out, so an enqueue
@@ -26,11 +57,12 @@ VALUES (
     %(type)s, %(queue)s, %(payload)s::jsonb, 'pending', %(priority)s, {run_after},
     0, %(max_attempts)s, %(lease)s, {key}, '[]'::jsonb, now(){trace_value}{unique_values}{serial_value}
 )
-{conflict}RETURNING id, {due}{created}
+{conflict}RETURNING id, {wake}{created}
 """
 _SCHEDULED = "COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second')"
 _ON_CONFLICT = "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING\n"
 _DUE = "run_after <= now()"
+_WANTED = _wakeup_wanted("queue")
 _UNTRACED = {"trace_column": "", "trace_value": ""}
 _TRACED = {"trace_column": ", traceparent", "trace_value": ", %(traceparent)s"}
 
@@ -86,7 +118,9 @@ def _insert_job(scheduled, conflict, trace, serial=False):
         run_after=_SCHEDULED if scheduled else "now()",
         key=key,
         conflict=clause,
-        due=_DUE if scheduled else "true",
+        # NULL: not due yet (a scheduled job looks only when it is due already); else whether a
+        # worker waits for its wake-up.
+        wake=f"CASE WHEN {_DUE} THEN {_WANTED} END" if scheduled else _WANTED,
         created=created,
         unique_columns=", unique_key, unique_while" if unique else "",
         unique_values=", %(unique_key)s, %(unique_while)s" if unique else "",
@@ -126,9 +160,11 @@ SELECT_UNIQUE_HOLDER = (
 )
 
 # The batch variant: one INSERT ... SELECT FROM unnest(...) for any number of jobs; each row
-# inserted comes back with its queue and whether it is due, for the wake-up after the commit.
+# inserted comes back with its queue and its ``wake``, as for one job (WAKEUPS_WANTED looks once
+# per queue of the batch).
 # Every job of one batch shares the enqueuer's trace context; the traced twin binds it once.
 _INSERT_JOBS = """
+WITH inserted AS (
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
     lease_seconds, idempotency_key, errors, created_at, serial_key{trace_column}
@@ -144,10 +180,14 @@ FROM unnest(
                        key, serial_key, ord)
 ORDER BY u.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING id, idempotency_key, queue, run_after <= now()
+RETURNING id, idempotency_key, queue, run_after <= now() AS due
+),
+wanted AS MATERIALIZED ({wanted})
+SELECT i.id, i.idempotency_key, i.queue, CASE WHEN i.due THEN w.wanted END
+FROM inserted AS i LEFT JOIN wanted AS w USING (queue)
 """
-INSERT_JOBS = _INSERT_JOBS.format(**_UNTRACED)
-INSERT_JOBS_TRACED = _INSERT_JOBS.format(**_TRACED)
+INSERT_JOBS = _INSERT_JOBS.format(wanted=WAKEUPS_WANTED, **_UNTRACED)
+INSERT_JOBS_TRACED = _INSERT_JOBS.format(wanted=WAKEUPS_WANTED, **_TRACED)
 
 # The wake-up: one notification per queue, payload "<count>:<queue>", sent after the jobs'
 # transaction committed, as a transaction of its own. NOTIFY takes a cluster-wide lock at commit
@@ -172,6 +212,33 @@ NOTIFY_WORKERS_AT_COMMIT = """
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
 """
 
+# A worker starts waiting for wake-ups on its queues (waiters.py): WAITING, shared, at session
+# level, one per queue. An enqueue holds WAITING exclusively for an instant only, so the wait is
+# short; the statement's own lock_timeout bounds it should a session keep it. Locks taken before
+# a timeout stay taken (session locks ignore the rollback); taking one twice counts it twice, and
+# STOP_WAITING drops every count.
+START_WAITING = f"""
+WITH timeout AS MATERIALIZED (SELECT set_config('lock_timeout', %(timeout)s, true))
+SELECT count(pg_advisory_lock_shared({WAITING_LOCK}, hashtext(q))::text)
+FROM timeout, unnest(%(queues)s::text[]) AS q
+"""
+
+# Then, before its next claim: ENQUEUING exclusively, for an instant per queue, waits for the
+# enqueues that found nobody waiting and have not ended (they hold it shared), so that the claim
+# sees their jobs; the enqueues that look while this waits find the request and send a wake-up.
+# The CASE takes each lock and lets go of it before the next. lock_timeout bounds the wait for
+# an enqueue whose transaction stays open; the worker tries again later.
+AWAIT_ENQUEUERS = f"""
+WITH timeout AS MATERIALIZED (SELECT set_config('lock_timeout', %(timeout)s, true))
+SELECT count(CASE WHEN pg_advisory_lock({ENQUEUING_LOCK}, hashtext(q))::text IS NOT NULL
+                  THEN pg_advisory_unlock({ENQUEUING_LOCK}, hashtext(q)) END)
+FROM timeout, unnest(%(queues)s::text[]) AS q
+"""
+
+# A worker stops waiting (a full claim: it claims again by itself). Every session-level advisory
+# lock of the worker's own connection is one of these, so all of them go, every count.
+STOP_WAITING = "SELECT pg_advisory_unlock_all()"
+
 # A workflow (workflow.py, docs/workflows.md): its jobs and their dependency edges in one
 # statement, so the whole graph commits or rolls back with the caller's transaction.
 # - ``existing``: the dependencies that are jobs already in the table, locked (in id order) so
@@ -183,7 +250,8 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 # - Ids are taken from the sequence first (in the order given), so that the edges, given as
 #   positions in the batch, can name the new jobs in the same statement.
 # - A job with dependencies not done yet starts ``waiting`` (the claim's index never sees it),
-#   counting them in waiting_on; the others start pending and wake the workers at commit.
+#   counting them in waiting_on; the others start pending, and wake the workers after the
+#   commit (wakeup.py) when one waits on their queue (WAKEUPS_WANTED).
 INSERT_WORKFLOW = """
 WITH existing AS MATERIALIZED (
     SELECT id, state FROM dbqueue_job WHERE id = ANY(%(existing)s::bigint[])
@@ -252,14 +320,14 @@ flagged AS (
     ) AS a
     WHERE x.id = a.dep_id
     RETURNING 1
-)
-SELECT 'job', id, state,
-       CASE WHEN state = 'pending' THEN pg_notify(%(channel)s, queue)::text END,
+),
+wanted AS MATERIALIZED ({wanted})
+SELECT 'job', i.id, i.state, i.queue, CASE WHEN i.state = 'pending' THEN w.wanted END,
        (SELECT count(*) FROM linked) + (SELECT count(*) FROM flagged)
-FROM inserted
+FROM inserted AS i LEFT JOIN wanted AS w USING (queue)
 UNION ALL
-SELECT 'dependency', id, state, NULL, 0 FROM existing
-"""
+SELECT 'dependency', id, state, NULL, NULL, 0 FROM existing
+""".replace("{wanted}", WAKEUPS_WANTED)  # (the text has braces of its own)
 
 # A job's dependencies and their results (``ctx.dependency_results()``); a pruned dependency
 # is missing.

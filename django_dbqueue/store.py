@@ -47,9 +47,9 @@ def _execute(db, statement, params):
 
 
 def insert_job(using, **values):
-    """Insert one job; returns ``(id, due)``, or ``None`` when its idempotency key already exists.
-
-    ``due``: the job may run now by the database's clock (it is not scheduled for later)."""
+    """Insert one job; returns ``(id, wake)``, or ``None`` when its idempotency key already
+    exists. ``wake``: ``None`` when the job is not due yet by the database's clock (scheduled
+    for later), else whether a worker waits for a wake-up on its queue (waiters.py)."""
     scheduled = values["run_after"] is not None or values["delay"]
     if values.get("serial_key") is not None:
         keyed = "key" if values["key"] is not None else None
@@ -78,7 +78,8 @@ _TRACED_INSERTS = {  # (scheduled, keyed) -> statement
 
 def insert_unique_job(using, *, debounce=False, **values):
     """Insert one job that holds ``values["unique_key"]`` while pending or active (see
-    ``sql.UNIQUE_HELD_SQL``); returns ``(id, due, created)``, or ``None`` when another job holds
+    ``sql.UNIQUE_HELD_SQL``); returns ``(id, wake, created)`` (``wake`` as for
+    :func:`insert_job`), or ``None`` when another job holds
     the key (and, with ``debounce``, could not be updated: it started, or is of another type).
     With ``debounce`` a holder still pending and never claimed takes this call's run_after and
     payload: ``created`` is then False and ``id`` is the holder's."""
@@ -103,7 +104,8 @@ def unique_holder(using, unique_key):
 
 
 def insert_jobs(using, *, columns, traceparent=None):
-    """Insert many jobs in one statement; returns ``(id, key, queue, due)`` per row inserted."""
+    """Insert many jobs in one statement; returns ``(id, key, queue, wake)`` per row inserted
+    (``wake`` as for :func:`insert_job`)."""
     if traceparent is not None:
         return _execute(using, sql.INSERT_JOBS_TRACED, {"traceparent": traceparent, **columns})
     return _execute(using, sql.INSERT_JOBS, columns)
@@ -240,18 +242,35 @@ def notify_workers_at_commit(using, *, channel, payloads):
     _execute(using, sql.NOTIFY_WORKERS_AT_COMMIT, {"channel": channel, "payloads": list(payloads)})
 
 
-def insert_workflow(using, *, channel, columns, edges, existing, traceparent=None):
+def start_waiting(db, queues, *, timeout_ms):
+    """Say that this session waits for wake-ups on ``queues`` (waiters.py):
+    ``sql.START_WAITING``. Raises ``psycopg.errors.LockNotAvailable`` past ``timeout_ms``."""
+    _execute(db, sql.START_WAITING, {"queues": list(queues), "timeout": str(timeout_ms)})
+
+
+def await_enqueuers(db, queues, *, timeout_ms):
+    """Wait for the enqueues on ``queues`` that found nobody waiting to end:
+    ``sql.AWAIT_ENQUEUERS``. Raises ``psycopg.errors.LockNotAvailable`` past ``timeout_ms``."""
+    _execute(db, sql.AWAIT_ENQUEUERS, {"queues": list(queues), "timeout": str(timeout_ms)})
+
+
+def stop_waiting(db):
+    """This session no longer waits for wake-ups: ``sql.STOP_WAITING``."""
+    _execute(db, sql.STOP_WAITING, None)
+
+
+def insert_workflow(using, *, columns, edges, existing, traceparent=None):
     """Insert a workflow's jobs and edges in one statement (``sql.INSERT_WORKFLOW``).
 
     ``edges``: ``(job position, dependency position or None, dependency id or None,
     run_on_failure)`` with 1-based positions in ``columns``; ``existing``: the ids of the
-    dependencies already in the table. Returns ``(job ids in order with their state,
-    {existing id: state})``; no job ids when an existing dependency is missing, dead or
-    cancelled (then nothing was written).
+    dependencies already in the table. Returns ``(job ids in order with their state, {existing
+    id: state}, [(queue, wake) of each job])`` (``wake``: None for a job created waiting, else as
+    for :func:`insert_job`); no job ids when an existing dependency
+    is missing, dead or cancelled (then nothing was written).
     """
     job_ords, dep_ords, dep_ids, runs = zip(*edges, strict=True) if edges else ((), (), (), ())
     params = {
-        "channel": channel,
         "traceparent": traceparent,
         "existing": list(existing),
         "edge_jobs": list(job_ords),
@@ -261,9 +280,10 @@ def insert_workflow(using, *, channel, columns, edges, existing, traceparent=Non
         **columns,
     }
     rows = _execute(using, sql.INSERT_WORKFLOW, params)
-    jobs = sorted((job_id, state) for kind, job_id, state, _, _ in rows if kind == "job")
-    found = {job_id: state for kind, job_id, state, _, _ in rows if kind == "dependency"}
-    return jobs, found
+    jobs = sorted((job_id, state) for kind, job_id, state, _, _, _ in rows if kind == "job")
+    found = {job_id: state for kind, job_id, state, _, _, _ in rows if kind == "dependency"}
+    wakes = [(queue, wake) for kind, _, _, queue, wake, _ in rows if kind == "job"]
+    return jobs, found, wakes
 
 
 def dependency_results(using, job_id):

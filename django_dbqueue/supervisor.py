@@ -70,12 +70,17 @@ def _listener_main(pipes, free_slots, queues, parent_pid):
     conf = get_settings()
     group = GroupWaker(pipes, free_slots, queues)
     failed = []
+    # The workers say on their own connections that they wait for wake-ups (waiters.py), except
+    # where those may go through a pooler (LISTEN_DATABASE names another alias): then this
+    # listener says it for the group, on its direct connection.
+    pooled = (conf.LISTEN_DATABASE or conf.DATABASE) != conf.DATABASE
     listener = Listener(
         conf.LISTEN_DATABASE or conf.DATABASE,
         conf.NOTIFY_CHANNEL,
         group.on_notify,
         stop,
         on_crash=lambda reason: (failed.append(reason), stop.set()),
+        wait_queues=queues if pooled else None,
     )
     listener.start()
     while not stop.wait(0.5):

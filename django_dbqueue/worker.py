@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 
-from . import flow, registry, signals, store
+from . import flow, registry, signals, store, waiters
 from .acks import Acknowledger
 from .conf import get_settings
 from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session, reset_connection
@@ -156,6 +156,17 @@ class Worker:
             self.concurrency,
             hung_limit=self.concurrency if hung_limit is None else hung_limit,
         )
+        # Whether this worker says, on its own connection, that it waits for wake-ups (so that
+        # enqueues send them only while some worker waits: waiters.py). Not when it is never
+        # woken, nor when its connection may be a pooled one (LISTEN_DATABASE names another
+        # alias): then its listener, on the direct connection, says it for as long as it runs.
+        self.waiting = waiters.Waiting(
+            self.session,
+            self.queues,
+            self._waiting_mode(conf)
+            if self.listen and not burst and (conf.LISTEN_DATABASE or self.using) == self.using
+            else None,
+        )
         self.sweeper = Sweeper(self.using, conf=conf, db=self.session)
         self.scheduler = Scheduler(self.using, conf=conf)
         self.rollup = Rollup(self.using, conf=conf, db=self.session)  # the dashboard's minutes
@@ -172,6 +183,19 @@ class Worker:
             # buffer while other workers' threads sit idle. Such a worker does not prefetch.
             self.adaptive_prefetch = False
             self.prefetch = self.prefetch_max = 0
+        waiting = getattr(self, "waiting", None)
+        if waiting is not None and waiting.mode is not None:
+            waiting.mode = self._waiting_mode(conf)
+
+    def _waiting_mode(self, conf):
+        """``"dynamic"``: wait for wake-ups only while the last claim came back short; a worker
+        whose claim came back full claims again by itself whenever a thread would go idle
+        (with a prefetch of at least its threads, half its slots free means a free thread).
+        ``"always"``: a worker without that prefetch (it claims for free threads only, under a
+        fleet-wide limit, or by its PREFETCH) wants every wake-up."""
+        if self.flow is not None or self.prefetch < self.concurrency:
+            return "always"
+        return "dynamic"
 
     # ---------------------------------------------------------------------------------------
     # The claim
@@ -478,6 +502,7 @@ class Worker:
                 self._on_notify,
                 self.stopped,
                 on_crash=self.fatal,
+                wait_queues=self.queues,
             )
             self.listener.start()
 
@@ -530,6 +555,10 @@ class Worker:
                 # failures (durable, one statement each), and successes with no claim to ride
                 # on, on their own.
                 if claim_now:
+                    # Say that we wait for wake-ups, if we should and do not yet, before the
+                    # claim that follows (it may wait on the database: before the completions
+                    # are taken, which a lost connection would otherwise lose).
+                    self.waiting.before_claim()
                     # Before the completions are taken: a keyed job ending after this line
                     # marks the next claim as due again.
                     self._keyed_ended = False
@@ -547,9 +576,16 @@ class Worker:
                 if claim_now:
                     self._claim_next = self._keyed_due = False
                     claimed, asked = self.run_once(done)
+                    self._want_capacity = asked == 0 or claimed == asked or self._cut
+                    # A full claim: we claim again by ourselves, so stop waiting. A short one:
+                    # wait for wake-ups, and claim again once we say so (waiters.py: this claim
+                    # may have missed jobs whose enqueues found nobody waiting): next_try().
+                    self.waiting.after_claim(full=self._want_capacity)
                     self._next_poll = time.monotonic() + self.poll_interval
                     if self._reopen_at is not None:
                         self._next_poll = min(self._next_poll, self._reopen_at)
+                    if (retry := self.waiting.next_try()) is not None:
+                        self._next_poll = min(self._next_poll, retry)
                 errors = 0
             except DB_ERRORS as exc:
                 errors += 1
@@ -592,9 +628,9 @@ class Worker:
                         break
                     self._claim_next = True
                     continue
-                # (A batch that keyed jobs cut short means a backlog too; claiming again at once
-                # would only meet the same keys, so wait for capacity like a full one.)
-                self._want_capacity = asked == 0 or claimed == asked or self._cut
+                # (A batch that keyed jobs cut short means a backlog too, as _want_capacity
+                # says; claiming again at once would only meet the same keys, so wait for
+                # capacity like a full one.)
                 if asked and claimed == asked:
                     self._claim_next = True
                     continue  # there may be more: claim again at once
@@ -633,6 +669,7 @@ class Worker:
 
     def _lost_connection(self):
         self.session.reset()
+        self.waiting.reset()  # its locks went with the connection
         reset_connection(self.using)
         self._reconnected = True
         self._claim_next = True  # notifications may have been missed meanwhile

@@ -8,7 +8,7 @@ it ``pending`` when its last dependency is done, or cancels it when one dies or 
 (unless it was added with ``on_failure="run"``).
 """
 
-from . import payloads, store, tracing, validation
+from . import payloads, store, tracing, validation, waiters, wakeup
 from .conf import get_settings
 from .enqueue import EnqueuedJob, _check_database, _prepare, columns_of
 from .exceptions import EnqueueError, UnknownJobType
@@ -179,9 +179,8 @@ class Workflow:
                     edges.append((job.index + 1, None, dep, run))
                     existing.add(dep)
         columns = columns_of(prepared)
-        ids, found = store.insert_workflow(
+        ids, found, wakes = store.insert_workflow(
             using,
-            channel=conf.NOTIFY_CHANNEL,
             columns=columns,
             edges=edges,
             existing=sorted(existing),
@@ -200,6 +199,7 @@ class Workflow:
                     + " will never be done (requeue them first)"
                 )
             raise EnqueueError(f"workflow refused: {'; '.join(problems)}; nothing was enqueued")
+        wakeup.jobs_ready(using, (queue for queue, wake in wakes if waiters.wanted(wake)))
         return [
             EnqueuedJob(job_id, True, p["type"], p["queue"])
             for (job_id, _), p in zip(ids, prepared, strict=True)

@@ -67,3 +67,72 @@ def run_concurrently(count, func, *, timeout=30):
     if errors:
         raise errors[0]
     return results
+
+
+class Listener:
+    """A plain psycopg connection LISTENing on the default channel, as a worker does, to see
+    exactly what workers would see. By default it also says that it waits for wake-ups on
+    ``queues`` (default: every queue of the settings; waiters.hold), as an idle worker does:
+    without that, enqueues send none."""
+
+    def __init__(self, queues=None, *, waits=True):
+        import psycopg
+
+        from django_dbqueue import waiters
+        from django_dbqueue.conf import get_settings
+        from django_dbqueue.connections import connection_params
+
+        queues = list(get_settings().QUEUES) if queues is None else queues
+
+        self.conn = psycopg.connect(**connection_params("default"), autocommit=True)
+        self.conn.execute("LISTEN dbqueue")
+        self.got = []
+        if waits:
+            assert waiters.hold(self.conn, queues)
+
+    def drain(self, timeout):
+        """What arrived so far, waiting up to ``timeout`` seconds for the first of it."""
+        import select
+
+        got = []
+        select.select([self.conn.fileno()], [], [], timeout)
+        self.conn.pgconn.consume_input()
+        while (n := self.conn.pgconn.notifies()) is not None:
+            got.append(n.extra.decode())
+        return got
+
+    def collect(self, timeout):
+        """Read what arrives within ``timeout`` seconds (all of it: nothing is left behind)."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            self.got.extend(self.drain(left))
+        return self.got
+
+    def until_jobs(self, count, timeout=5.0):
+        """Read until the payloads' counts add up to ``count`` jobs; fail after ``timeout``."""
+        from django_dbqueue.notifications import parse_wakeup
+
+        wait_until(
+            lambda: sum(parse_wakeup(p)[1] for p in self.collect(0.01)) >= count,
+            timeout=timeout,
+            message=f"wake-ups for {count} jobs (got {self.got})",
+        )
+        return self.got
+
+    def close(self):
+        self.conn.close()
+
+
+WAKEUP_WAITERS = """
+SELECT array_agg(l.pid ORDER BY l.pid) FROM pg_locks AS l
+WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objsubid = 2 AND l.mode = 'ShareLock'
+  AND l.granted AND l.objid = (hashtext(%s)::bigint & 4294967295)::oid
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def wakeup_waiters(queue="default"):
+    """Backend pids that say they wait for wake-ups on ``queue`` (waiters.py)."""
+    from django_dbqueue import sql
+
+    return set(scalar(WAKEUP_WAITERS, [sql.WAITING_LOCK, queue]) or ())

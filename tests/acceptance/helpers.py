@@ -73,12 +73,12 @@ def database_name():
 def listener_pids():
     """Backend pids of sessions LISTENing in the test database: a worker's own session, which
     LISTENs and claims (named by its application_name), or a listener connection of its own
-    (a group's, or beside LISTEN_DATABASE: its last statement is the LISTEN)."""
+    (a group's, or beside LISTEN_DATABASE: named "dbqueue listener (LISTEN ...)")."""
     return {
         pid
         for (pid,) in rows(
             "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() "
-            "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue worker (LISTEN %%')",
+            "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue %% (LISTEN %%')",
             [database_name()],
         )
     }

@@ -251,7 +251,7 @@ def test_worker_survives_a_database_restart(start_worker, private_postgres):
         lambda: (
             server.query(
                 "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %%' "
-                "OR application_name LIKE 'dbqueue worker (LISTEN %%'"
+                "OR application_name LIKE 'dbqueue %% (LISTEN %%'"
             )[0][0]
             == 1
         ),

@@ -117,7 +117,8 @@ def test_through_pgbouncer_with_listen_on_a_direct_connection(
     worker = start_worker("--concurrency", "2", settings=SETTINGS)
     wait_until(
         lambda: rows(
-            "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN %%'",
+            "SELECT 1 FROM pg_stat_activity WHERE datname = %s "
+            "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue %% (LISTEN %%')",
             [connection.settings_dict["NAME"]],
         ),
         timeout=30,
@@ -141,7 +142,8 @@ def test_through_pgbouncer_without_a_direct_connection_the_poll_finds_the_work(
     ids = _enqueue_through_pooler(test_database_url, "record", 5)
     wait_all_in_state(ids, "done", timeout=30)
     assert not rows(
-        "SELECT 1 FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN %%'",
+        "SELECT 1 FROM pg_stat_activity WHERE datname = %s "
+        "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue %% (LISTEN %%')",
         [connection.settings_dict["NAME"]],
     )
     worker.assert_alive()

@@ -37,6 +37,7 @@ def test_e002_unknown_key_suggests_the_close_match(settings):
         ("MAX_ATTEMPTS", 2**31, "an integer from 1 to 2147483647"),
         ("DEFAULT_QUEUE", "a\x00", "a queue name"),
         ("LISTEN", "yes", "True or False"),
+        ("WAKEUP_IF_WAITING", 1, "True or False"),
         ("QUEUES", [], "non-empty dict"),
         ("NOTIFY_CHANNEL", "x" * 64, "1 to 63 bytes in UTF-8"),
         ("NOTIFY_CHANNEL", "é" * 32, "1 to 63 bytes in UTF-8"),  # 32 characters, 64 bytes

@@ -2,12 +2,10 @@
 
 import datetime
 import json
-import select
 import threading
 import time
 
 import hypothesis
-import psycopg
 import pytest
 from django.db import connection, connections, transaction
 from django.utils import timezone
@@ -24,30 +22,10 @@ from django_dbqueue import (
     payloads,
     wakeup,
 )
-from django_dbqueue.connections import connection_params
 from tests.testapp.models import Invoice
-from tests.utils import job_row, scalar
+from tests.utils import Listener, job_row, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Listener:
-    """A plain psycopg connection that LISTENs, to see exactly what workers would see."""
-
-    def __init__(self):
-        self.conn = psycopg.connect(**connection_params("default"), autocommit=True)
-        self.conn.execute("LISTEN dbqueue")
-
-    def drain(self, timeout):
-        got = []
-        select.select([self.conn.fileno()], [], [], timeout)
-        self.conn.pgconn.consume_input()
-        while (n := self.conn.pgconn.notifies()) is not None:
-            got.append(n.extra.decode())
-        return got
-
-    def close(self):
-        self.conn.close()
 
 
 @pytest.fixture

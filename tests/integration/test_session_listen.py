@@ -120,7 +120,7 @@ def listening_sessions():
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue worker (LISTEN %%') "
+            "AND (query LIKE 'LISTEN %%' OR application_name LIKE 'dbqueue %% (LISTEN %%') "
             "AND pid <> pg_backend_pid()"
         )
         return {pid for (pid,) in cursor.fetchall()}

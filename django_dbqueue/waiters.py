@@ -1,0 +1,175 @@
+"""Who waits for a wake-up: an enqueue sends one only when a worker waits for it.
+
+A wake-up (wakeup.py) costs the enqueuing process a statement and the server a transaction. It
+is worth that only to a worker that would claim when told: one whose last claim found its queue
+empty and that now sleeps on LISTEN. A worker draining a backlog claims again by itself, and
+nobody needs waking when no worker listens at all. So a worker says that it waits, and an
+enqueue looks, in its own INSERT, whether anybody does. Under a backlog (every worker busy) the
+enqueuers then pay nothing for wake-ups; with idle workers they pay what they paid before.
+
+The saying and the looking are PostgreSQL advisory locks, because a lock is seen by every
+session at once, where a row would only be seen by snapshots taken after its commit. Each queue
+has two, keyed by the queue's ``hashtext()`` (computed by the server on both sides), of classes
+``sql.WAITING_LOCK`` and ``sql.ENQUEUING_LOCK``:
+
+- A worker that waits holds ``WAITING`` shared, at session level (``sql.START_WAITING``), and
+  lets go of it when a claim comes back full (``sql.STOP_WAITING``) or with its connection.
+- An enqueue, in the RETURNING of its INSERT (``sql._wakeup_wanted``), takes ``ENQUEUING``
+  shared for its transaction, then tries ``WAITING`` exclusively for an instant. When the try
+  fails, a worker waits (or is starting to), and the wake-up is sent after the commit, as
+  before. When it succeeds nobody waits: no wake-up.
+- A worker that starts waiting would then miss the job of an enqueue that looked just before
+  and commits just after its claim. So, before that claim, it takes ``ENQUEUING`` exclusively
+  for an instant (``sql.AWAIT_ENQUEUERS``): that waits for every enqueue that found nobody and
+  has not ended, and makes those that look meanwhile find the queued request and wake it. Its
+  claim then sees their jobs. A ``lock_timeout`` of the statement's own bounds that wait for an
+  enqueue whose transaction stays open; the worker, already waiting by then (new enqueues
+  wake it), tries again a little later, and claims once it got through.
+
+Enqueues never hold a lock against each other (shared, or exclusive for an instant), so a false
+"somebody waits" is rare (two enqueues trying at the same instant, a worker that stopped waiting
+after the look) and costs a wake-up, which every enqueue paid before; a false "nobody waits"
+cannot happen. Queues whose names hash alike, and projects that share a database and a queue
+name, only add wake-ups. A waiting worker holds one advisory lock per queue it serves.
+
+Where a worker's own connection cannot hold a session lock (behind a transaction pooler, with
+``LISTEN_DATABASE`` naming a direct connection), its listener holds the lock for as long as it
+is connected: enqueues then always wake, as before. ``DBQUEUE["WAKEUP_IF_WAITING"] = False``
+makes every enqueue of a due job wake, whoever waits (for a fleet still running workers of a
+release that does not say that it waits).
+"""
+
+import contextlib
+import logging
+import time
+
+import psycopg
+
+from . import store
+from .conf import get_settings
+
+logger = logging.getLogger("django_dbqueue")
+
+START_TIMEOUT_MS = 20  # an enqueue holds WAITING for an instant: a longer wait means a stuck one
+AWAIT_TIMEOUT_MS = 50  # how long a worker waits at once for an enqueue's open transaction
+RETRY_BASE, RETRY_CAP = 0.05, 1.0  # seconds between tries while enqueuers keep it waiting
+STUCK_WARNING = 30.0  # seconds of failed tries before the worker says so at WARNING
+
+
+def wanted(wake):
+    """Whether a job sends a wake-up after its commit, from the ``wake`` its INSERT returned:
+    ``None`` (not due yet: no), ``True`` (a worker waits: yes) or ``False`` (nobody waits: no,
+    unless ``DBQUEUE["WAKEUP_IF_WAITING"]`` is False, which wakes for every due job)."""
+    return wake is True or (wake is False and get_settings().WAKEUP_IF_WAITING is False)
+
+
+def _lost(db):
+    """Whether the error just raised on ``db`` (a Session or a psycopg connection) lost it."""
+    conn = getattr(db, "conn", db)
+    return conn is None or conn.closed
+
+
+def hold(db, queues):
+    """Start waiting for wake-ups on ``queues`` on ``db`` and wait for the enqueues that looked
+    before: ``sql.START_WAITING`` then ``sql.AWAIT_ENQUEUERS``. Returns True when both went
+    through; False when an enqueue's open transaction (or a lock held elsewhere) kept it past
+    the timeouts: ``WAITING`` may be held then, or not, and the caller tries again (a lock taken
+    twice is counted twice; ``release`` drops every count). Raises what is not a lock timeout."""
+    try:
+        store.start_waiting(db, queues, timeout_ms=START_TIMEOUT_MS)
+        store.await_enqueuers(db, queues, timeout_ms=AWAIT_TIMEOUT_MS)
+    except psycopg.errors.LockNotAvailable:
+        return False
+    return True
+
+
+class Waiting:
+    """A worker's side: whether its Session holds ``WAITING`` for its queues, and the claim that
+    must follow. ``mode``: ``"dynamic"`` (waits while its last claim came back short),
+    ``"always"`` (waits whenever it is connected: a worker that claims for free threads only,
+    under a fleet-wide limit or with a prefetch below its threads, wants every wake-up), or
+    ``None`` (it does not say: it does not listen, or its listener holds the locks).
+
+    The loop calls :meth:`before_claim` right before each claim and :meth:`after_claim` after
+    it, and claims by :meth:`next_try` at the latest; :meth:`reset` after its connection was
+    lost (the locks went with it).
+    """
+
+    def __init__(self, session, queues, mode):
+        self.session = session
+        self.queues = sorted(set(queues))
+        self.mode = mode if self.queues else None
+        self.wanted = self.mode is not None  # start waiting before the first claim
+        self.held = False  # WAITING may be held (a START_WAITING ran, whole or in part)
+        self.settled = False  # and AWAIT_ENQUEUERS went through: the next claim misses nothing
+        self.retry_at = 0.0
+        self._failing_since = None
+
+    def before_claim(self, now=None):
+        """Start waiting if the worker should and does not yet, so that the claim about to run
+        sees every job whose enqueuer found nobody waiting. Costs nothing once settled."""
+        if not self.wanted or self.settled:
+            return
+        now = time.monotonic() if now is None else now
+        if now < self.retry_at:
+            return
+        self.held = True
+        try:
+            settled = hold(self.session, self.queues)
+        except psycopg.Error as exc:
+            if _lost(self.session):
+                raise
+            self._failed(now, exc)  # e.g. PostgreSQL's lock table is full
+            return
+        if settled:
+            self.settled = True
+            self._failing_since = None
+            return
+        self._failed(now, "an enqueue's transaction stayed open past the lock timeout")
+
+    def _failed(self, now, why):
+        if self._failing_since is None:
+            self._failing_since = now
+        tries_for = now - self._failing_since
+        self.retry_at = now + min(RETRY_CAP, max(RETRY_BASE, tries_for))
+        stuck = tries_for >= STUCK_WARNING
+        (logger.warning if stuck else logger.debug)(
+            "dbqueue worker could not yet say that it waits for wake-ups (%s, for %.1fs); "
+            "trying again in %.2fs, its poll finds the jobs meanwhile",
+            why,
+            tries_for,
+            self.retry_at - now,
+        )
+        if stuck:
+            self._failing_since = now  # say it again in STUCK_WARNING seconds, not every try
+
+    def after_claim(self, *, full):
+        """After a claim: ``full`` (it came back full, or the slots are full) means the worker
+        claims again by itself, so it stops waiting; otherwise it waits, and :meth:`next_try`
+        says when to claim again (at once, the first time: the claim just made may have missed
+        the jobs of enqueues that found nobody waiting)."""
+        if self.mode is None:
+            return
+        wanted = self.mode == "always" or not full
+        if not wanted and self.held:
+            store.stop_waiting(self.session)
+            self.held = self.settled = False
+        self.wanted = wanted
+
+    def next_try(self):
+        """When the worker should claim next to start waiting (:meth:`before_claim` runs first),
+        or None: it waits already, or should not."""
+        if self.wanted and not self.settled:
+            return self.retry_at
+        return None
+
+    def release(self):
+        """Stop waiting for good (the worker stops claiming); a lost connection is not raised."""
+        if self.held:
+            with contextlib.suppress(psycopg.Error):
+                store.stop_waiting(self.session)
+        self.wanted = self.held = self.settled = False
+
+    def reset(self):
+        """The connection was lost, and the locks with it."""
+        self.held = self.settled = False
