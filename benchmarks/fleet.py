@@ -27,7 +27,9 @@
 
   Reported per side: transactions/s (the sum of the producers' rates), p50/p99 latency of a
   transaction (from before its first statement to the return of its commit and, for ours, its
-  wake-up), and the share of the producers' ``pg_stat_activity`` samples (every 100 ms, from a
+  wake-up), the CPU per transaction of the producers and of their own backends (from /proc: on a
+  machine where the producers do not share the server's cores, the server's is what caps the
+  cluster), and the share of the producers' ``pg_stat_activity`` samples (every 100 ms, from a
   connection of its own) waiting on ``Lock``/``object``: the notify queue's lock that
   PostgreSQL takes at the commit of a transaction that notified. Samples of the wake-up sender
   thread's own connection (ours) are counted apart: no producer waits for it. For the sides
@@ -219,6 +221,7 @@ def producer_main(args):
         return 1
     threading.Thread(target=read_stop, daemon=True).start()
     latencies, i = [], 0
+    client_cpu, server_cpu = time.process_time(), backend_cpu(backend)
     started = time.perf_counter()
     deadline = started + args.seconds
     now = started
@@ -233,14 +236,27 @@ def producer_main(args):
                 time.sleep(pause)
                 now = time.perf_counter()
     elapsed = time.perf_counter() - started
+    client_cpu = time.process_time() - client_cpu
+    server_cpu = backend_cpu(backend) - server_cpu  # its own backend's (not the sender's)
     if args.producer.startswith("ours"):
         from django_dbqueue import wakeup
 
         wakeup.flush(5.0, close=True)
     if args.producer.startswith(("ours", "django")):
         close_django_connections()
-    print(json.dumps({"count": i, "seconds": elapsed, "latencies": latencies}), flush=True)
+    result = {"count": i, "seconds": elapsed, "latencies": latencies}
+    result.update(client_cpu=client_cpu, server_cpu=server_cpu)
+    print(json.dumps(result), flush=True)
     return 0
+
+
+def backend_cpu(pid):
+    """CPU seconds backend ``pid`` has run, from /proc (the server is on this machine)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as stat:
+            return int(stat.read().split()[0]) / 1e9
+    except OSError:  # not on Linux, or another machine's server
+        return float("nan")
 
 
 class Producers:
@@ -383,6 +399,8 @@ def enqueue_side(env, side, args, child_args):
     s = sampler.samples
     seconds = statistics.median(r["seconds"] for r in results)
     return {
+        "client_us": 1e6 * sum(r["client_cpu"] for r in results) / max(1, count),
+        "server_us": 1e6 * sum(r["server_cpu"] for r in results) / max(1, count),
         "wakeups_s": waiter.received / seconds if waiter is not None else None,
         "tx_s": sum(r["count"] / r["seconds"] for r in results),
         "count": count,
@@ -499,13 +517,15 @@ def median_of(runs, side, key):
 
 def print_enqueue(runs, sides):
     print(
-        f"{'side':17} {'tx/s':>22} {'p50 ms':>7} {'p99 ms':>7} {'Lock/object':>12} "
-        f"{'(samples)':>9}  top waits (producers)"
+        f"{'side':17} {'tx/s':>22} {'p50 ms':>7} {'p99 ms':>7} {'client us':>9} {'server us':>9} "
+        f"{'Lock/object':>12} {'(samples)':>9}  top waits (producers)"
     )
     for side in sides:
         tx, lo, hi = median_of(runs, side, "tx_s")
         p50 = median_of(runs, side, "p50_ms")[0]
         p99 = median_of(runs, side, "p99_ms")[0]
+        client = median_of(runs, side, "client_us")[0]
+        server = median_of(runs, side, "server_us")[0]
         share = median_of(runs, side, "lock_share")[0]
         samples = sum(run[side]["samples"] for run in runs)
         waits = runs[-1][side]["top_waits"]
@@ -515,9 +535,11 @@ def print_enqueue(runs, sides):
         if wakeups:
             extra += f"  wake-ups received {statistics.median(wakeups):,.0f}/s"
         print(
-            f"{side:17} {tx:8,.0f} [{lo:,.0f}..{hi:,.0f}] {p50:7.2f} {p99:7.2f} {share:12.2%} "
-            f"{samples:9}  {', '.join(f'{w} {n}' for w, n in waits)}{extra}"
+            f"{side:17} {tx:8,.0f} [{lo:,.0f}..{hi:,.0f}] {p50:7.2f} {p99:7.2f} {client:9,.0f} "
+            f"{server:9,.0f} {share:12.2%} {samples:9}  "
+            f"{', '.join(f'{w} {n}' for w, n in waits)}{extra}"
         )
+    print("client us / server us: CPU per transaction of the producers and of their own backends")
     print()
 
     def ratio(a, b):
@@ -540,6 +562,14 @@ def print_enqueue(runs, sides):
         r, lo, hi = ratio(a, b)
         verdict = "" if limit is None else ("PASS" if r >= limit else "MISS")
         print(f"tx/s {a + '/' + b:30} {r:5.2f}x [{lo:.2f}..{hi:.2f}]  {target} {verdict}")
+    for a, b in (("ours", "django-bare"), ("ours-waited", "django-bare")):
+        if a in sides and b in sides:
+            values = [run[a]["server_us"] / run[b]["server_us"] for run in runs]
+            print(
+                f"server CPU per tx {a + '/' + b:21} {statistics.median(values):5.2f}x "
+                f"[{min(values):.2f}..{max(values):.2f}]  (what caps a cluster whose producers "
+                "run elsewhere)"
+            )
     if "ours" not in sides:
         return
     share = median_of(runs, "ours", "lock_share")[0]
