@@ -196,6 +196,9 @@ class Listener(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 with connect(self.using, **self._names()) as conn:
+                    # Notifications that arrive while a statement of ours runs (the waiting
+                    # statements, the idle probe) come through psycopg, not libpq's queue.
+                    conn.add_notify_handler(lambda notify: self.on_notify(notify.payload))
                     conn.execute(
                         psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.channel))
                     )
@@ -229,20 +232,40 @@ class Listener(threading.Thread):
 
     def _start_waiting(self, conn):
         """Say on ``conn`` that the workers wait for wake-ups on ``wait_queues``
-        (waiters.hold), trying until it goes through or the thread stops."""
+        (waiters.start), trying until it goes through or the thread stops. Its second step,
+        waiting for the enqueues that found nobody, runs in :meth:`_listen`, so that the
+        notifications it is told of meanwhile are delivered."""
         from . import waiters
 
         delay = waiters.RETRY_BASE
-        while not waiters.hold(conn, self.wait_queues) and not self.stop_event.wait(delay):
-            delay = min(waiters.RETRY_CAP, delay * 2)
+        while not self.stop_event.is_set():
+            try:
+                waiters.start(conn, self.wait_queues)
+                return
+            except psycopg.errors.LockNotAvailable:
+                self.stop_event.wait(delay)
+                delay = min(waiters.RETRY_CAP, delay * 2)
 
     def _listen(self, conn):
+        from . import waiters
+
         pgconn = conn.pgconn
+        settled = not self.wait_queues  # the enqueues that found nobody waiting have ended
+        retry_at, delay = 0.0, waiters.RETRY_BASE
         with selectors.DefaultSelector() as selector:
             selector.register(conn.fileno(), selectors.EVENT_READ)
             last_traffic = time.monotonic()
             while not self.stop_event.is_set():
-                if selector.select(timeout=0.5):
+                if not settled and time.monotonic() >= retry_at:
+                    if waiters.await_enqueuers(conn, self.wait_queues):
+                        settled = True
+                        self.on_notify(None)  # their jobs are committed: claim them now
+                    else:
+                        retry_at = time.monotonic() + delay
+                        delay = min(waiters.RETRY_CAP, delay * 2)
+                    last_traffic = time.monotonic()
+                timeout = 0.5 if settled else max(0.0, min(0.5, retry_at - time.monotonic()))
+                if selector.select(timeout=timeout):
                     pgconn.consume_input()  # raises OperationalError when the server is gone
                     last_traffic = time.monotonic()
                     while (notify := pgconn.notifies()) is not None:

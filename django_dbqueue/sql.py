@@ -10,20 +10,28 @@ Time is always the database's ``now()``, never a worker's clock.
 # nothing more for them), of two classes: WAITING ('dbq1' in ASCII), held shared at session level
 # by every worker that waits for a wake-up on the queue (START_WAITING), and ENQUEUING ('dbq2'),
 # held shared by an enqueue that found nobody waiting, until its transaction ends. The CASE fixes
-# the order: ENQUEUING first (held: a worker that starts waiting meanwhile waits for this commit
-# before its claim, AWAIT_ENQUEUERS), then WAITING, tried exclusively and let go of at once (a
-# session lock for an instant: concurrent enqueuers do not hold it against each other). True
-# (a wake-up is wanted) when either fails: a worker waits, or is starting to.
+# the order of its steps; a wake-up is wanted (true) at the first that fails:
+# 1. WAITING, tried exclusively and let go of at once (a session lock for an instant: concurrent
+#    enqueues do not hold it against each other): a worker waits, or is starting to. The common
+#    case while workers are idle ends here, holding nothing.
+# 2. ENQUEUING, shared, held until this transaction ends: a worker that starts waiting from now
+#    on waits for this commit before its claim (AWAIT_ENQUEUERS). Only enqueues that found nobody
+#    hold it, so a worker starting to wait waits for those alone, and they are finite: once it
+#    waits, later enqueues stop at step 1.
+# 3. WAITING again, as in 1, now that ENQUEUING is held: a worker that started waiting between 1
+#    and 2 is found here (its AWAIT_ENQUEUERS may have passed before this held ENQUEUING).
 WAITING_LOCK = 0x64627131
 ENQUEUING_LOCK = 0x64627132
 
 
 def _wakeup_wanted(queue):
     key = f"hashtext({queue})"
+    look = f"pg_try_advisory_lock({WAITING_LOCK}, {key})"
+    done = f"pg_advisory_unlock({WAITING_LOCK}, {key})"
     return (
-        f"CASE WHEN NOT pg_try_advisory_xact_lock_shared({ENQUEUING_LOCK}, {key}) THEN true"
-        f" WHEN pg_try_advisory_lock({WAITING_LOCK}, {key})"
-        f" THEN NOT pg_advisory_unlock({WAITING_LOCK}, {key}) ELSE true END"
+        f"CASE WHEN NOT {look} THEN true WHEN NOT {done} THEN true"
+        f" WHEN NOT pg_try_advisory_xact_lock_shared({ENQUEUING_LOCK}, {key}) THEN true"
+        f" WHEN {look} THEN NOT {done} ELSE true END"
     )
 
 
@@ -214,9 +222,9 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 
 # A worker starts waiting for wake-ups on its queues (waiters.py): WAITING, shared, at session
 # level, one per queue. An enqueue holds WAITING exclusively for an instant only, so the wait is
-# short; the statement's own lock_timeout bounds it should a session keep it. Locks taken before
-# a timeout stay taken (session locks ignore the rollback); taking one twice counts it twice, and
-# STOP_WAITING drops every count.
+# short; the statement's own lock_timeout (per lock) bounds it should a session keep it. Locks
+# taken before a timeout stay taken (session locks ignore the rollback); taking one twice counts
+# it twice, and STOP_WAITING drops every count.
 START_WAITING = f"""
 WITH timeout AS MATERIALIZED (SELECT set_config('lock_timeout', %(timeout)s, true))
 SELECT count(pg_advisory_lock_shared({WAITING_LOCK}, hashtext(q))::text)
@@ -225,9 +233,10 @@ FROM timeout, unnest(%(queues)s::text[]) AS q
 
 # Then, before its next claim: ENQUEUING exclusively, for an instant per queue, waits for the
 # enqueues that found nobody waiting and have not ended (they hold it shared), so that the claim
-# sees their jobs; the enqueues that look while this waits find the request and send a wake-up.
-# The CASE takes each lock and lets go of it before the next. lock_timeout bounds the wait for
-# an enqueue whose transaction stays open; the worker tries again later.
+# sees their jobs. The enqueues that look after START_WAITING find the worker at their first
+# step and never take ENQUEUING, so this waits for a finite set of transactions. The CASE takes
+# each lock and lets go of it before the next. lock_timeout (per lock) bounds the wait for an
+# enqueue whose transaction stays open; the worker tries again later.
 AWAIT_ENQUEUERS = f"""
 WITH timeout AS MATERIALIZED (SELECT set_config('lock_timeout', %(timeout)s, true))
 SELECT count(CASE WHEN pg_advisory_lock({ENQUEUING_LOCK}, hashtext(q))::text IS NOT NULL

@@ -14,17 +14,19 @@ has two, keyed by the queue's ``hashtext()`` (computed by the server on both sid
 
 - A worker that waits holds ``WAITING`` shared, at session level (``sql.START_WAITING``), and
   lets go of it when a claim comes back full (``sql.STOP_WAITING``) or with its connection.
-- An enqueue, in the RETURNING of its INSERT (``sql._wakeup_wanted``), takes ``ENQUEUING``
-  shared for its transaction, then tries ``WAITING`` exclusively for an instant. When the try
-  fails, a worker waits (or is starting to), and the wake-up is sent after the commit, as
-  before. When it succeeds nobody waits: no wake-up.
-- A worker that starts waiting would then miss the job of an enqueue that looked just before
-  and commits just after its claim. So, before that claim, it takes ``ENQUEUING`` exclusively
-  for an instant (``sql.AWAIT_ENQUEUERS``): that waits for every enqueue that found nobody and
-  has not ended, and makes those that look meanwhile find the queued request and wake it. Its
-  claim then sees their jobs. A ``lock_timeout`` of the statement's own bounds that wait for an
-  enqueue whose transaction stays open; the worker, already waiting by then (new enqueues
-  wake it), tries again a little later, and claims once it got through.
+- An enqueue, in the RETURNING of its INSERT (``sql._wakeup_wanted``), tries ``WAITING``
+  exclusively for an instant. When that fails, a worker waits (or is starting to), and the
+  wake-up is sent after the commit, as before. When it succeeds, nobody waits: the enqueue takes
+  ``ENQUEUING`` shared for its transaction and looks once more; no wake-up unless a worker
+  started waiting in between.
+- A worker that starts waiting would miss the job of an enqueue that found nobody and commits
+  just after its claim. So, before that claim, it takes ``ENQUEUING`` exclusively for an instant
+  (``sql.AWAIT_ENQUEUERS``): that waits for every such enqueue that has not ended, and they are
+  finite, since enqueues that look once the worker waits find it at their first step and never
+  take ``ENQUEUING``. Its claim then sees their jobs. A ``lock_timeout`` of the statement's own
+  bounds each try for an enqueue whose transaction stays open (50 ms in all); the worker, already
+  waiting by then (new enqueues wake it), tries again a little later, and claims once it got
+  through.
 
 Enqueues never hold a lock against each other (shared, or exclusive for an instant), so a false
 "somebody waits" is rare (two enqueues trying at the same instant, a worker that stopped waiting
@@ -52,6 +54,7 @@ logger = logging.getLogger("django_dbqueue")
 
 START_TIMEOUT_MS = 20  # an enqueue holds WAITING for an instant: a longer wait means a stuck one
 AWAIT_TIMEOUT_MS = 50  # how long a worker waits at once for an enqueue's open transaction
+# (both in all: lock_timeout is per lock, so a worker of N queues gives each lock 1/N of it)
 RETRY_BASE, RETRY_CAP = 0.05, 1.0  # seconds between tries while enqueuers keep it waiting
 STUCK_WARNING = 30.0  # seconds of failed tries before the worker says so at WARNING
 
@@ -69,18 +72,37 @@ def _lost(db):
     return conn is None or conn.closed
 
 
-def hold(db, queues):
-    """Start waiting for wake-ups on ``queues`` on ``db`` and wait for the enqueues that looked
-    before: ``sql.START_WAITING`` then ``sql.AWAIT_ENQUEUERS``. Returns True when both went
-    through; False when an enqueue's open transaction (or a lock held elsewhere) kept it past
-    the timeouts: ``WAITING`` may be held then, or not, and the caller tries again (a lock taken
-    twice is counted twice; ``release`` drops every count). Raises what is not a lock timeout."""
+def _per_lock(total_ms, queues):
+    return max(1, total_ms // max(1, len(queues)))
+
+
+def start(db, queues):
+    """Say on ``db`` that it waits for wake-ups on ``queues`` (``sql.START_WAITING``). Raises
+    ``psycopg.errors.LockNotAvailable`` when a lock held elsewhere kept it past the timeout (the
+    locks taken until then stay taken)."""
+    store.start_waiting(db, queues, timeout_ms=_per_lock(START_TIMEOUT_MS, queues))
+
+
+def await_enqueuers(db, queues):
+    """Wait for the enqueues on ``queues`` that found nobody waiting to end
+    (``sql.AWAIT_ENQUEUERS``). Returns False when one's open transaction kept it past the
+    timeout; raises what is not a lock timeout."""
     try:
-        store.start_waiting(db, queues, timeout_ms=START_TIMEOUT_MS)
-        store.await_enqueuers(db, queues, timeout_ms=AWAIT_TIMEOUT_MS)
+        store.await_enqueuers(db, queues, timeout_ms=_per_lock(AWAIT_TIMEOUT_MS, queues))
     except psycopg.errors.LockNotAvailable:
         return False
     return True
+
+
+def hold(db, queues):
+    """:func:`start`, then :func:`await_enqueuers`: True when both went through, False when a
+    lock timeout stopped either (a lock taken twice is counted twice; ``sql.STOP_WAITING``
+    drops every count)."""
+    try:
+        start(db, queues)
+    except psycopg.errors.LockNotAvailable:
+        return False
+    return await_enqueuers(db, queues)
 
 
 class Waiting:
@@ -91,8 +113,9 @@ class Waiting:
     ``None`` (it does not say: it does not listen, or its listener holds the locks).
 
     The loop calls :meth:`before_claim` right before each claim and :meth:`after_claim` after
-    it, and claims by :meth:`next_try` at the latest; :meth:`reset` after its connection was
-    lost (the locks went with it).
+    it, and claims by :meth:`next_try` at the latest. The locks belong to one connection: when
+    the Session's is another one (it was reset, after a fault of any kind), they are gone, and
+    the worker says it again before its next claim.
     """
 
     def __init__(self, session, queues, mode):
@@ -100,26 +123,38 @@ class Waiting:
         self.queues = sorted(set(queues))
         self.mode = mode if self.queues else None
         self.wanted = self.mode is not None  # start waiting before the first claim
-        self.held = False  # WAITING may be held (a START_WAITING ran, whole or in part)
-        self.settled = False  # and AWAIT_ENQUEUERS went through: the next claim misses nothing
+        self.held_on = None  # the connection START_WAITING ran on (its locks, whole or in part)
+        self.started = False  # ... and went through: WAITING is held for every queue
+        self.settled = False  # ... and AWAIT_ENQUEUERS went through: the next claim misses nothing
         self.retry_at = 0.0
         self._failing_since = None
 
+    def _current(self):
+        """The state of the Session's connection: none of it once that connection is gone."""
+        conn = self.session.conn
+        if self.held_on is not None and (conn is not self.held_on or conn.closed):
+            self.held_on, self.started, self.settled = None, False, False
+        return conn
+
     def before_claim(self, now=None):
         """Start waiting if the worker should and does not yet, so that the claim about to run
-        sees every job whose enqueuer found nobody waiting. Costs nothing once settled."""
+        sees every job whose enqueue found nobody waiting. Costs nothing once settled."""
+        self._current()
         if not self.wanted or self.settled:
             return
         now = time.monotonic() if now is None else now
         if now < self.retry_at:
             return
-        self.held = True
         try:
-            settled = hold(self.session, self.queues)
+            if not self.started:
+                self.held_on = self.session.connection()
+                start(self.session, self.queues)
+                self.started = True
+            settled = await_enqueuers(self.session, self.queues)
         except psycopg.Error as exc:
             if _lost(self.session):
                 raise
-            self._failed(now, exc)  # e.g. PostgreSQL's lock table is full
+            self._failed(now, exc)  # a lock held elsewhere, PostgreSQL's lock table full...
             return
         if settled:
             self.settled = True
@@ -151,25 +186,31 @@ class Waiting:
         if self.mode is None:
             return
         wanted = self.mode == "always" or not full
-        if not wanted and self.held:
-            store.stop_waiting(self.session)
-            self.held = self.settled = False
+        if not wanted:
+            self._stop()
         self.wanted = wanted
+
+    def _stop(self):
+        conn = self._current()
+        if self.held_on is not None and conn is not None and not conn.closed:
+            store.stop_waiting(self.session)  # on the connection that holds them, never a new one
+        self.held_on, self.started, self.settled = None, False, False
 
     def next_try(self):
         """When the worker should claim next to start waiting (:meth:`before_claim` runs first),
         or None: it waits already, or should not."""
+        self._current()
         if self.wanted and not self.settled:
             return self.retry_at
         return None
 
     def release(self):
-        """Stop waiting for good (the worker stops claiming); a lost connection is not raised."""
-        if self.held:
-            with contextlib.suppress(psycopg.Error):
-                store.stop_waiting(self.session)
-        self.wanted = self.held = self.settled = False
+        """Stop waiting for good (the worker stops claiming). Opens no connection, and a lost
+        one is not raised: its locks went with it."""
+        with contextlib.suppress(psycopg.Error):
+            self._stop()
+        self.held_on, self.started, self.settled, self.wanted = None, False, False, False
 
     def reset(self):
         """The connection was lost, and the locks with it."""
-        self.held = self.settled = False
+        self.held_on, self.started, self.settled = None, False, False

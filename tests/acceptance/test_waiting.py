@@ -132,3 +132,23 @@ def test_an_enqueue_killed_with_its_transaction_open_holds_no_worker_up(
                 producer.wait(10)
             for stream in (producer.stdin, producer.stdout, producer.stderr):
                 stream.close()
+
+
+def test_a_group_s_workers_say_they_wait_and_its_listener_wakes_them(start_worker):
+    """Under --processes each worker says it waits on its own connection, and the group's one
+    listener hands the wake-ups to them: with a ten-minute poll, every job runs within
+    seconds."""
+    plain = Listener(waits=False)
+    try:
+        group = start_worker(*POLL, "--processes", "2", "--concurrency", "2")
+        wait_until(lambda: len(wakeup_waiters()) == 2, message="both workers of the group waiting")
+        for _ in range(3):
+            job = enqueue("record")
+            wait_until(lambda j=job.id: done(j), timeout=5, message="the job, woken")
+        assert sum(int(p.split(":")[0]) for p in plain.collect(0.2)) == 3
+        group.assert_alive()
+        group.send(signal.SIGTERM)
+        assert group.wait_exit(30) == 0
+        wait_until(lambda: wakeup_waiters() == set(), message="the group's locks gone with it")
+    finally:
+        plain.close()

@@ -368,3 +368,124 @@ def test_an_enqueue_that_found_a_full_worker_is_claimed_when_it_starts_waiting(
     finally:
         open_enqueue.proceed.set()
     assert plain.collect(0.1) == [], "its enqueue found nobody waiting: no wake-up was sent"
+
+
+class SteadyEnqueues:
+    """``threads`` enqueuers, each committing one job after another in transactions that stay
+    open ``hold`` seconds after the enqueue (a request that enqueues, then does its other work):
+    at every instant some enqueue has looked and not ended."""
+
+    def __init__(self, threads=4, hold=0.2):
+        self.stopped, self.hold, self.count = threading.Event(), hold, 0
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def run(self):
+        try:
+            while not self.stopped.is_set():
+                with transaction.atomic():
+                    enqueue("noop")
+                    self.stopped.wait(self.hold)  # the rest of the request's work
+                self.count += 1
+        finally:
+            connections.close_all()
+
+    def stop(self):
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join(10)
+
+
+def test_an_enqueue_that_found_a_worker_waiting_holds_no_other_worker_up():
+    """An open enqueue that found a waiter holds nothing a second worker, starting to wait,
+    must wait for: only enqueues that found nobody do."""
+    first = direct()
+    assert waiters.hold(first, ["default"])
+    open_enqueue = OpenEnqueue()
+    open_enqueue.start()
+    second = direct()
+    try:
+        assert open_enqueue.looked.wait(10)
+        waiters.start(second, ["default"])
+        assert waiters.await_enqueuers(second, ["default"]), "held up by an enqueue that woke"
+        open_enqueue.commit()
+    finally:
+        open_enqueue.proceed.set()
+        first.close()
+        second.close()
+
+
+def test_a_worker_starting_to_wait_gets_through_a_steady_stream_of_enqueues():
+    """Enqueues that find a worker waiting take no lock it must wait for, so a worker starting
+    to wait waits only for those that looked before it did: it gets through however busy the
+    queue's producers are (an enqueue taking that lock before looking kept one out for good)."""
+    load = SteadyEnqueues()
+    worker = direct()
+    try:
+        wait_until(lambda: load.count >= 8, message="the enqueues under way")
+        waiters.start(worker, ["default"])
+        wait_until(
+            lambda: waiters.await_enqueuers(worker, ["default"]),
+            timeout=5,
+            interval=0.05,
+            message="the worker to get through",
+        )
+    finally:
+        load.stop()
+        worker.close()
+
+
+def test_a_listener_delivers_wake_ups_before_it_got_through(plain):
+    """A listener behind a pooler says it waits, then listens at once: the wake-ups of the
+    enqueues that found it reach its workers while it still waits for older ones."""
+    got, stop = [], threading.Event()
+    open_enqueue = OpenEnqueue()  # looked before the listener: it must wait for this one
+    open_enqueue.start()
+    assert open_enqueue.looked.wait(10)
+    listener = ListenerThread("default", "dbqueue", got.append, stop, wait_queues=["default"])
+    listener.start()
+    try:
+        assert listener.connected.wait(10), "it listens before it got through"
+        assert got == [None], "and tells its workers to claim"
+        enqueue("noop")
+        wait_until(lambda: "1:default" in got, message="the new enqueue's wake-up")
+        open_enqueue.commit()
+        wait_until(
+            lambda: got.count(None) == 2, message="a second claim once the open enqueue ended"
+        )
+    finally:
+        open_enqueue.proceed.set()
+        stop.set()
+        listener.join(5)
+
+
+def test_a_worker_whose_connection_was_reset_after_a_refused_claim_waits_on_the_new_one(
+    slow_poll, start_worker, monkeypatch
+):
+    """A database error that is not a lost connection, in the claim that carries completions,
+    resets the Session (the locks go with its connection): the worker says it waits again on
+    the new one, and the next enqueue wakes it."""
+    from django_dbqueue.connections import Session
+
+    slow_poll.DBQUEUE = {**slow_poll.DBQUEUE, "PREFETCH": 2}
+    real, refused = Session.execute_pipelined, []
+
+    def refuse_once(self, statements):
+        if not refused:
+            refused.append(self.conn.info.backend_pid)
+            raise psycopg.errors.FeatureNotSupported("cached plan must not change result type")
+        return real(self, statements)
+
+    monkeypatch.setattr(Session, "execute_pipelined", refuse_once)
+    backlog = [job.id for job in enqueue_many([("noop", {})] * 12)]
+    start_worker(queues=["default"], concurrency=2)
+    for job_id in backlog:
+        wait_until(lambda j=job_id: done(j), timeout=10, message=f"job {job_id}")
+    assert refused, "no claim carried completions: the test did not reach its path"
+    wait_until(
+        lambda: (pids := holders()) and refused[0] not in pids,
+        message="the worker waiting on its new connection",
+    )
+    job = enqueue("noop")
+    wait_until(lambda: done(job.id), timeout=5, message="the next job, woken")
