@@ -58,8 +58,13 @@ class Settings:
         merged = dict(DEFAULTS)
         merged.update(user)
         self._values = merged
+        # Plain attributes (read on every enqueue and claim): every key is upper case, so none
+        # shadows a method or the two attributes above; a missing one raises AttributeError.
+        self.__dict__.update(
+            (k, v) for k, v in merged.items() if isinstance(k, str) and k.isupper()
+        )
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # a key that is not an upper-case name (checks report it)
         try:
             return self._values[name]
         except KeyError:

@@ -155,8 +155,8 @@ def _prepare(
             "): an idempotency key already allows one job per key in any state"
         )
     payload_json = payloads.dumps({} if payload is None else payload)
-    if queue is None and priority is None and max_attempts is None:
-        queue, priority, max_attempts, lease = _type_values(job_type, conf)
+    if priority is None and max_attempts is None and (queue is None or isinstance(queue, str)):
+        queue, priority, max_attempts, lease = _type_values(job_type, conf, queue)
     else:
         queue = _queue(job_type.get_queue(conf) if queue is None else queue, conf)
         priority = validation.priority(
@@ -197,23 +197,26 @@ def _queue(queue, conf):
     return queue
 
 
-_TYPE_VALUES = {}  # id(job type) -> (job type, settings, its values): see _type_values
+_TYPE_VALUES = {}  # (id(job type), queue) -> (job type, settings, its values): see _type_values
 
 
-def _type_values(job_type, conf):
-    """``(queue, priority, max_attempts, lease)`` of the jobs of ``job_type`` that name none of
-    them, validated once per type and settings: ``get_settings()`` returns a new object when the
-    settings change, and a type registered again is a new object."""
-    entry = _TYPE_VALUES.get(id(job_type))
+def _type_values(job_type, conf, queue=None):
+    """``(queue, priority, max_attempts, lease)`` of the jobs of ``job_type`` that name neither
+    a priority nor a max_attempts, on ``queue`` (a str, or None: the type's queue), validated
+    once per type, queue and settings: ``get_settings()`` returns a new object when the
+    settings change, and a type registered again is a new object. Only a queue in
+    ``DBQUEUE["QUEUES"]`` passes the validation, so the cache holds a few entries per type."""
+    cache_key = (id(job_type), queue)
+    entry = _TYPE_VALUES.get(cache_key)
     if entry is not None and entry[0] is job_type and entry[1] is conf:
         return entry[2]
     values = (
-        _queue(job_type.get_queue(conf), conf),
+        _queue(job_type.get_queue(conf) if queue is None else queue, conf),
         validation.priority(job_type.priority, error=EnqueueError),
         validation.max_attempts(job_type.get_max_attempts(conf), error=EnqueueError),
         job_type.get_lease(conf),
     )
-    _TYPE_VALUES[id(job_type)] = (job_type, conf, values)
+    _TYPE_VALUES[cache_key] = (job_type, conf, values)
     return values
 
 

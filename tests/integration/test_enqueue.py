@@ -122,6 +122,70 @@ def test_a_wake_up_failing_after_the_commit_is_logged_not_raised(listener, monke
     assert listener.drain(1.0) == ["1:default"]
 
 
+def test_the_statements_of_one_transaction_share_a_cursor_that_django_still_wraps():
+    seen = []
+
+    def spy(execute, sql, params, many, context):
+        seen.append((context["cursor"], sql))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(spy), transaction.atomic():
+        first = enqueue("noop")
+        second = enqueue_many([("noop", {"n": 1})])[0]
+        third = enqueue("noop", idempotency_key="kept-cursor")
+    inserts = [cursor for cursor, sql in seen if "INSERT INTO dbqueue_job" in sql]
+    assert len(inserts) == 3, seen  # every statement went through execute_wrapper()
+    assert inserts[0] is inserts[1] is inserts[2]
+    assert connections["default"].__dict__["_dbqueue_cursor"] is inserts[0]
+    assert [job_row(j.id)["state"] for j in (first, second, third)] == ["pending"] * 3
+
+
+def test_the_kept_cursor_follows_a_reconnect_and_a_broken_transaction():
+    from django.db import DatabaseError, InternalError
+    from django.db.transaction import TransactionManagementError
+
+    with transaction.atomic():
+        enqueue("noop")
+    kept = connections["default"].__dict__["_dbqueue_cursor"]
+    connection.close()
+    with transaction.atomic():
+        job = enqueue("noop")
+    assert connections["default"].__dict__["_dbqueue_cursor"] is not kept
+    assert kept.cursor.closed and job_row(job.id)["state"] == "pending"
+    # A failed statement in a savepoint: the block after it enqueues on the same cursor.
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+        job = enqueue("noop")
+    assert job_row(job.id)["state"] == "pending"
+    # Without a savepoint the transaction is broken: Django's check still refuses the INSERT,
+    # and a statement that PostgreSQL refuses still raises Django's error, not psycopg's.
+    with transaction.atomic():
+        broken = transaction.atomic(savepoint=False)
+        with pytest.raises(DatabaseError), broken, connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+        with pytest.raises(TransactionManagementError):
+            enqueue("noop")
+    with transaction.atomic():
+        with pytest.raises(DatabaseError), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+        with pytest.raises(InternalError, match="current transaction is aborted"):
+            enqueue("noop")
+    assert scalar("SELECT count(*) FROM dbqueue_job") == 3  # the refused ones left nothing
+
+
+def test_outside_atomic_and_while_django_logs_queries_each_statement_opens_a_cursor():
+    from django.test.utils import CaptureQueriesContext
+
+    connections["default"].__dict__.pop("_dbqueue_cursor", None)
+    enqueue("noop")  # autocommit: Django's cursor(), with its health check
+    assert "_dbqueue_cursor" not in connections["default"].__dict__
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        enqueue("noop")  # the debug cursor records it
+    assert "_dbqueue_cursor" not in connections["default"].__dict__
+    assert sum("INSERT INTO dbqueue_job" in q["sql"] for q in queries) == 1
+
+
 def test_enqueue_many_one_statement_in_order_and_one_notification(listener):
     from django.test.utils import CaptureQueriesContext
 
@@ -410,3 +474,19 @@ def test_a_types_values_follow_the_settings_they_were_validated_for(settings):
     with pytest.raises(EnqueueError, match="queue 'default' is not in DBQUEUE"):
         enqueue("noop")
     assert enqueue("noop", queue="emails").queue == "emails"
+
+
+def test_a_named_queue_is_validated_for_each_settings_and_bad_ones_still_fail(settings):
+    """The values of a type on a queue the call names are kept per queue too: a queue that the
+    settings drop fails at once, and a queue that is no name fails as before."""
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": {"default": {}, "emails": {}}}
+    job = enqueue("noop", queue="emails")
+    assert job_row(job.id)["queue"] == "emails" and job_row(job.id)["max_attempts"] == 10
+    settings.DBQUEUE = {**settings.DBQUEUE, "QUEUES": {"default": {}}, "MAX_ATTEMPTS": 3}
+    with pytest.raises(EnqueueError, match="queue 'emails' is not in DBQUEUE"):
+        enqueue("noop", queue="emails")
+    assert job_row(enqueue("noop", queue="default").id)["max_attempts"] == 3
+    for bad in (["emails"], 5, ""):
+        with pytest.raises(EnqueueError, match="queue"):
+            enqueue("noop", queue=bad)
+    assert scalar("SELECT count(*) FROM dbqueue_job") == 2
