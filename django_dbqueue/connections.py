@@ -24,6 +24,8 @@ import psycopg
 from django.core.signals import request_finished
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
+from . import sql
+
 logger = logging.getLogger("django_dbqueue")
 
 # A lost connection surfaces as OperationalError (server gone, terminated) or InterfaceError
@@ -127,6 +129,7 @@ class Session:
         self.notifies = collections.deque()  # payloads received, for the owner to take
         self.listening = threading.Event()  # set while the connection LISTENs
         self.conn = None
+        self.generic = False  # the connection's plan_cache_mode is force_generic_plan
         self.statements = 0  # executed, for tests that pin the hot paths' query counts
 
     def _connect(self):
@@ -136,10 +139,10 @@ class Session:
         conn = connect(self.using, **kwargs)
         try:
             if self.prepare:
-                # Prepared, but planned for each execution's own arrays: a generic plan cannot
-                # know that a batch holds 3 ids or 500, and was seen to pick a sequential scan
-                # of the whole table for the completion join. Parsing is what it saves.
-                conn.execute("SET plan_cache_mode TO force_custom_plan", prepare=False)
+                # Prepared, and planned for each execution's own values, except the statements
+                # of sql.PLANNED_ONCE (see _plan_mode): a generic plan made for statements not
+                # written for it was seen to pick a sequential scan of the whole table.
+                conn.execute(_PLAN_MODE[False][0], prepare=False)
             if self.listen is not None:
                 conn.add_notify_handler(self._notified)
                 conn.execute(
@@ -150,8 +153,28 @@ class Session:
             conn.close()
             raise
         self.conn = conn
+        self.generic = False
         if self.listen is not None:
             self.listening.set()
+
+    def _plan_mode(self, statement):
+        """The settings to change before ``statement`` (``_PLAN_MODE``): none when the
+        connection plans it as it should already.
+
+        The claim and the completion (``sql.PLANNED_ONCE``) run for every batch, and planning
+        them cost more than running them; their generic plan, made once per connection, fits
+        every batch and table size. Every other statement is planned for its own values. The
+        mode is switched only where one kind follows the other (a lease extension or a failure
+        between claims: two more statements in the same round trip), never while a worker only
+        claims and completes. Unprepared (``PREPARE = False``), every execution is planned for
+        its values anyway, and nothing is switched."""
+        if not self.prepare:
+            return ()
+        generic = statement in sql.PLANNED_ONCE
+        if generic is self.generic:
+            return ()
+        self.generic = generic
+        return _PLAN_MODE[generic]
 
     def connection(self):
         """The open psycopg connection (opened now if need be)."""
@@ -191,8 +214,36 @@ class Session:
         """Run one statement; returns its rows (``[]`` when it returns none)."""
         if self.conn is None or self.conn.closed:
             self._connect()
-        try:
+        if self.prepare and (statement in sql.PLANNED_ONCE) is not self.generic:
+            return self.execute_pipelined([(statement, params)])[0]  # with its SET
+        with self._prepared_statements_kept():
             cursor = self.conn.execute(statement, params)
+        self.statements += 1
+        return cursor.fetchall() if cursor.description else []
+
+    def execute_pipelined(self, statements):
+        """Run ``[(statement, params), ...]`` in one round trip (psycopg's pipeline mode), each
+        its own transaction in autocommit; returns their rows in order. An error in one aborts
+        the ones after it and is raised."""
+        if self.conn is None or self.conn.closed:
+            self._connect()
+        conn, cursors = self.conn, []
+        try:
+            with self._prepared_statements_kept(), conn.pipeline():
+                for statement, params in statements:
+                    for setting in self._plan_mode(statement):
+                        conn.execute(setting, prepare=False)
+                    cursors.append(conn.execute(statement, params))
+        except BaseException:
+            self.generic = None  # unknown now: the next statement sets the mode it needs
+            raise
+        self.statements += len(statements)
+        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+
+    @contextlib.contextmanager
+    def _prepared_statements_kept(self):
+        try:
+            yield
         except (psycopg.errors.InvalidSqlStatementName, psycopg.errors.DuplicatePreparedStatement):
             if not self.prepare:
                 raise
@@ -207,19 +258,6 @@ class Session:
             self.prepare = False
             self.reset()
             raise
-        self.statements += 1
-        return cursor.fetchall() if cursor.description else []
-
-    def execute_pipelined(self, statements):
-        """Run ``[(statement, params), ...]`` in one round trip (psycopg's pipeline mode), each
-        its own transaction in autocommit; returns their rows in order. An error in one aborts
-        the ones after it and is raised."""
-        if self.conn is None or self.conn.closed:
-            self._connect()
-        with self.conn.pipeline():
-            cursors = [self.conn.execute(statement, params) for statement, params in statements]
-        self.statements += len(statements)
-        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
 
     def reset(self):
         self.listening.clear()
@@ -229,6 +267,17 @@ class Session:
         self.conn = None
 
     close = reset
+
+
+# Per mode, what the Session runs to switch to it. The generic plans are made with sequential
+# scans priced out (enable_seqscan, which only prices them, never forbids them): the plan is
+# made once, often while the table is small (a fresh install, a quiet hour), and must stay
+# right when it holds a backlog of millions. Both statements of PLANNED_ONCE reach their rows
+# through an index at every size. Every other statement runs with the session's own settings.
+_PLAN_MODE = {
+    False: ("SET plan_cache_mode TO force_custom_plan", "RESET enable_seqscan"),
+    True: ("SET plan_cache_mode TO force_generic_plan", "SET enable_seqscan TO off"),
+}
 
 
 # Side connections of delivery records -----------------------------------------------------------

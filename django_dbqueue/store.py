@@ -38,6 +38,26 @@ class ClaimedRow:
     keyed: bool = False  # it has a serial key: its end may let its key's next job be claimed
 
 
+def int_array(values):
+    """A PostgreSQL array literal of ``values`` (ints), bound as one text parameter and cast
+    by the statement (``::bigint[]``). The hot statements of the claim loop pass their arrays
+    this way: psycopg's pure-Python adaptation of a list costs about 2 us per element, which
+    for a batch of 50 completions was most of the claim loop's own CPU per round trip."""
+    return "{" + ",".join([str(int(value)) for value in values]) + "}"
+
+
+def _text_element(value):
+    if value is None:
+        return "NULL"
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def text_array(values):
+    """:func:`int_array` for strings or None (``::text[]``): each element double-quoted, its
+    backslashes and double quotes escaped, None as NULL (PostgreSQL's array input syntax)."""
+    return "{" + ",".join([_text_element(value) for value in values]) + "}"
+
+
 def _execute(db, statement, params):
     """Run on ``db``: a database alias (this thread's Django connection) or a worker Session."""
     if not isinstance(db, str):
@@ -373,8 +393,8 @@ def claim_statement(
     """
     params = {
         "worker": worker_id,
-        "queues": list(queues),
-        "limits": list(limits),
+        "queues": text_array(queues),
+        "limits": int_array(limits),
         "limit": limit,
         "threads": limit if threads is None else threads,
         "token": token,
@@ -453,9 +473,10 @@ def complete_statement(acks, *, async_commit=False, channel=None):
         channel = get_settings().NOTIFY_CHANNEL
     ids, tokens, results = zip(*acks, strict=True)
     params = {
-        "ids": list(ids),
-        "tokens": list(tokens),
-        "results": list(results),
+        "ids": int_array(ids),
+        "tokens": int_array(tokens),
+        "results": text_array(results),
+        "running": "running",
         "commit": _commit(async_commit),
         "channel": channel,
     }
@@ -538,7 +559,7 @@ def extend_leases(using, held, *, async_commit=False):
     if not held:
         return {}
     ids, tokens = zip(*held, strict=True)
-    params = {"ids": list(ids), "tokens": list(tokens), "commit": _commit(async_commit)}
+    params = {"ids": int_array(ids), "tokens": int_array(tokens), "commit": _commit(async_commit)}
     rows = _execute(using, sql.EXTEND_LEASES, params)
     return {job_id: cancelling for job_id, cancelling in rows}
 

@@ -1,0 +1,274 @@
+"""The plans of the statements a worker's Session plans once (sql.PLANNED_ONCE), and the array
+literals its hot statements bind.
+
+A generic plan is made once per connection, with the statistics of that moment, and then serves
+every batch and every table size for the rest of the session. So these tests make the plan in
+the states where a bad one was seen or is likely (statistics of an empty table, of a backlog
+with nothing running) and check its shape, then that the same session still finds the right
+rows once the table looks different. The plans are read with auto_explain, which logs the plan
+an execution actually used (EXPLAIN of a statement with parameters would plan it for them).
+"""
+
+import json
+
+import hypothesis
+import psycopg
+import pytest
+from django.db import connection
+from hypothesis import given
+from hypothesis import strategies as st
+
+from django_dbqueue import store
+from django_dbqueue.connections import Session, connection_params
+from tests.utils import scalar
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FILL = """
+INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+                         max_attempts, lease_seconds, errors, created_at)
+SELECT 'noop', 'default', '{}', 'pending', 0, now() - interval '1 second', 0, 10, 60, '[]',
+       now()
+FROM generate_series(1, %s)
+"""
+
+
+def fill(n):
+    with connection.cursor() as cursor:
+        cursor.execute(FILL, [n])
+
+
+def analyze():
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE dbqueue_job")
+
+
+def run_for_a_while(n):
+    """Jobs claimed by another worker and left running: a fleet's table."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """UPDATE dbqueue_job SET state = 'running', attempts = 1, worker_id = 'other',
+                      lease_token = 1, started_at = now(), leased_until = now() + interval '1 h'
+               WHERE id IN (SELECT id FROM dbqueue_job WHERE state = 'pending'
+                            ORDER BY id LIMIT %s)""",
+            [n],
+        )
+
+
+class Explained:
+    """A Session whose executions log their plans to it (auto_explain, JSON)."""
+
+    def __init__(self):
+        self.session = Session("default")
+        self.plans = []
+        conn = self.session.connection()
+        try:
+            conn.execute("LOAD 'auto_explain'", prepare=False)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            self.session.reset()
+            pytest.skip(f"auto_explain needs LOAD, which this role may not run: {exc}")
+        except psycopg.errors.UndefinedFile as exc:
+            self.session.reset()
+            pytest.skip(f"auto_explain is not installed on this server: {exc}")
+        conn.execute(
+            "SET auto_explain.log_min_duration = 0; SET auto_explain.log_format = json; "
+            "SET auto_explain.log_level = notice",
+            prepare=False,
+        )
+        conn.add_notice_handler(self._notice)
+
+    def _notice(self, diag):
+        text = diag.message_primary or ""
+        if "plan:" in text:
+            self.plans.append(json.loads(text[text.index("plan:") + 5 :])["Plan"])
+
+    def run(self, statement, params):
+        self.plans.clear()
+        rows = self.session.execute(statement, params)
+        assert self.plans, "auto_explain logged no plan"
+        return rows, self.plans[-1]  # the statement's own (the plan-mode SET is not logged)
+
+    def close(self):
+        self.session.reset()
+
+
+MARKS = {  # a part of each statement's text that no other statement has
+    "claim": "claimable AS MATERIALIZED",
+    "complete": "completed AS (",
+    "extend": "SET leased_until = now() + j.lease_seconds",
+}
+
+
+def prepared_plans(session):
+    """``{statement: (generic plans, custom plans)}`` of the session's prepared statements."""
+    rows = session.execute(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements", {}
+    )
+    return {
+        name: (generic, custom)
+        for text, generic, custom in rows
+        for name, mark in MARKS.items()
+        if mark in text
+    }
+
+
+def scans(plan):
+    """Every scan of a table in ``plan``: (node type, relation, index or None)."""
+    found = []
+    if "Relation Name" in plan and "Scan" in plan["Node Type"]:
+        found.append((plan["Node Type"], plan["Relation Name"], plan.get("Index Name")))
+    for child in plan.get("Plans", ()):
+        found.extend(scans(child))
+    return found
+
+
+def claim(session, n, token):
+    statement = store.claim_statement(
+        worker_id="plans", queues=["default"], limits=[n], limit=n, token=token, threads=n
+    )
+    return session.run(*statement)
+
+
+def complete(session, rows, token):
+    return session.run(*store.complete_statement([(row.id, token, None) for row in rows]))
+
+
+@pytest.mark.parametrize(
+    ("state", "batch"),
+    [("empty", 1), ("empty", 50), ("backlog", 1), ("backlog", 50), ("fleet", 50)],
+)
+def test_claim_and_completion_plans_made_once_fit_every_table(state, batch):
+    # Statistics as the plan is made: of an empty table (a fresh install), of a backlog with
+    # nothing running (the state that rated the lease index at one row), of a busy fleet.
+    if state == "empty":
+        analyze()
+        fill(8 * batch)
+    else:
+        fill(20_000)
+        if state == "fleet":
+            run_for_a_while(5_000)
+        analyze()
+    explained = Explained()
+    try:
+        for _ in range(7):  # a prepared statement's plan settles after its fifth run
+            token = store.new_token()
+            rows, claim_plan = claim(explained, batch, token)
+            claimed = store.claimed_rows(rows)
+            assert len(claimed) == batch
+            rows, completion_plan = complete(explained, claimed, token)
+            assert set(store.completed_endings(rows)) == {row.id for row in claimed}
+        # The worker's Session planned each once and kept the plan: generic, seven runs.
+        assert prepared_plans(explained.session) == {"claim": (7, 0), "complete": (7, 0)}
+    finally:
+        explained.close()
+
+    claim_scans = scans(claim_plan)
+    assert ("Index Scan", "dbqueue_job", "dbqueue_job_claim_idx") in claim_scans
+    completion_scans = [s for s in scans(completion_plan) if s[1] == "dbqueue_job"]
+    # The completed rows by primary key, never a walk of the running jobs or of the table.
+    assert completion_scans, completion_plan
+    for node, _, index in completion_scans:
+        assert node != "Seq Scan", completion_plan
+        assert index != "dbqueue_job_lease_idx", completion_plan
+    assert any(index == "dbqueue_job_pkey" for _, _, index in completion_scans)
+
+
+def test_a_plan_made_on_a_small_table_still_finds_the_rows_of_a_big_one():
+    fill(10)
+    analyze()
+    explained = Explained()
+    try:
+        for _ in range(6):  # made and kept while the table was small
+            token = store.new_token()
+            rows, _ = claim(explained, 1, token)
+            complete(explained, store.claimed_rows(rows), token)
+            fill(1)
+        fill(20_000)
+        run_for_a_while(5_000)
+        analyze()
+        token = store.new_token()
+        rows, claim_plan = claim(explained, 50, token)
+        claimed = store.claimed_rows(rows)
+        assert len(claimed) == 50
+        rows, completion_plan = complete(explained, claimed, token)
+        assert set(store.completed_endings(rows)) == {row.id for row in claimed}
+        for plan in (claim_plan, completion_plan):
+            assert ("Seq Scan", "dbqueue_job", None) not in scans(plan), plan
+        assert "dbqueue_job_lease_idx" not in {index for _, _, index in scans(completion_plan)}
+        assert prepared_plans(explained.session) == {"claim": (7, 0), "complete": (7, 0)}
+    finally:
+        explained.close()
+    assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'done'") == 56
+
+
+def test_session_switches_plan_mode_only_where_the_kind_of_statement_changes():
+    fill(5)
+    session = Session("default")
+    try:
+        token = store.new_token()
+        claimed = store.claimed_rows(session.execute(*_claim_of(5, token)))
+        assert session.generic is True
+        # Another statement between claims is planned for its own values again...
+        assert session.execute("SHOW plan_cache_mode", {}) == [("force_custom_plan",)]
+        assert session.generic is False
+        held = store.extend_leases(session, [(row.id, token) for row in claimed])
+        assert set(held) == {row.id for row in claimed}
+        # ... and the completion with the next claim, one pipeline, switches back once.
+        statements_before = session.statements
+        done, again = session.execute_pipelined(
+            [
+                store.complete_statement([(row.id, token, None) for row in claimed]),
+                _claim_of(5, token),
+            ]
+        )
+        assert session.statements == statements_before + 2
+        assert set(store.completed_endings(done)) == {row.id for row in claimed}
+        assert store.claimed_rows(again) == []
+        assert session.generic is True
+        assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'done'") == 5
+        # Claims and completions planned once, the lease extension for its own values.
+        assert prepared_plans(session) == {"claim": (2, 0), "complete": (1, 0), "extend": (0, 1)}
+    finally:
+        session.reset()
+
+
+def test_an_unprepared_session_never_switches(settings):
+    fill(2)
+    session = Session("default", prepare=False)
+    try:
+        token = store.new_token()
+        session.execute(*_claim_of(2, token))
+        assert session.generic is False
+        assert session.execute("SHOW plan_cache_mode", {}) == [("auto",)]
+    finally:
+        session.reset()
+
+
+def _claim_of(n, token):
+    return store.claim_statement(
+        worker_id="plans", queues=["default"], limits=[n], limit=n, token=token, threads=n
+    )
+
+
+# The hot statements' arrays travel as array literals (store.int_array, store.text_array):
+# PostgreSQL must read back exactly what was meant, whatever the strings hold.
+_text = st.text(st.characters(exclude_characters="\x00"), max_size=30)  # text holds no NUL
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.none(), _text, st.sampled_from(["NULL", "", " ", '"', "\\", "{,}"]))),
+    st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1)),
+)
+def test_array_literals_come_back_from_postgresql_unchanged(texts, ints):
+    with psycopg.connect(**connection_params("default"), autocommit=True) as conn:
+        back_texts, back_ints = conn.execute(
+            "SELECT %s::text[], %s::bigint[]", [store.text_array(texts), store.int_array(ints)]
+        ).fetchone()
+    assert back_texts == texts
+    assert back_ints == ints
+
+
+def test_int_array_refuses_what_is_not_a_number():
+    with pytest.raises(ValueError, match="invalid literal for int"):
+        store.int_array([1, "2}; SELECT 1"])
