@@ -107,9 +107,10 @@ class Session:
     (``prepare``); claims, completions and lease extensions ask for an asynchronous commit in the
     statement itself (see sql.py), failures, dead letters and releases commit durably.
 
-    Behind PgBouncer in transaction mode (1.21 and older keep no prepared statements) set
-    ``PREPARE`` to False; a session that finds its prepared statements gone says so and stops
-    preparing. ``ASYNC_COMMIT`` travels with each statement and works through a pooler.
+    Behind PgBouncer in transaction mode set ``PREPARE`` to False, also where it keeps prepared
+    statements (1.21 and newer): a preparing session SETs its plan mode, which a transaction
+    pooler would leave on other clients' server connections. A session that finds its prepared
+    statements gone says so and stops preparing. ``ASYNC_COMMIT`` travels with each statement and works through a pooler.
 
     With ``listen`` (a channel), the session also LISTENs, at every (re)connection: the
     notifications it receives, while a statement runs or while its owner waits on its socket
@@ -164,17 +165,19 @@ class Session:
         The claim and the completion (``sql.PLANNED_ONCE``) run for every batch, and planning
         them cost more than running them; their generic plan, made once per connection, fits
         every batch and table size. Every other statement is planned for its own values. The
-        mode is switched only where one kind follows the other (a lease extension or a failure
-        between claims: two more statements in the same round trip), never while a worker only
-        claims and completes. Unprepared (``PREPARE = False``), every execution is planned for
-        its values anyway, and nothing is switched."""
-        if not self.prepare:
+        mode is switched only where one kind follows the other: two more statements in the same
+        round trip, for a lease extension or a failure between claims, and twice per round trip
+        for a worker whose queues have fleet-wide limits (its claim, ``sql.CLAIM_LIMITED``, runs
+        plpgsql whose statements are planned for their values). A worker without limits that
+        only claims and completes never switches. Unprepared (``PREPARE = False``), every
+        execution is planned for its values anyway, and nothing is switched."""
+        if not self._switches_for(statement):
             return ()
-        generic = statement in sql.PLANNED_ONCE
-        if generic is self.generic:
-            return ()
-        self.generic = generic
-        return _PLAN_MODE[generic]
+        self.generic = _generic(statement)
+        return _PLAN_MODE[self.generic]
+
+    def _switches_for(self, statement):
+        return self.prepare and _generic(statement) is not self.generic
 
     def connection(self):
         """The open psycopg connection (opened now if need be)."""
@@ -214,17 +217,19 @@ class Session:
         """Run one statement; returns its rows (``[]`` when it returns none)."""
         if self.conn is None or self.conn.closed:
             self._connect()
-        if self.prepare and (statement in sql.PLANNED_ONCE) is not self.generic:
-            return self.execute_pipelined([(statement, params)])[0]  # with its SET
+        if self._switches_for(statement):
+            return self.execute_pipelined([(statement, params)])[0]  # with its SETs
         with self._prepared_statements_kept():
             cursor = self.conn.execute(statement, params)
         self.statements += 1
         return cursor.fetchall() if cursor.description else []
 
     def execute_pipelined(self, statements):
-        """Run ``[(statement, params), ...]`` in one round trip (psycopg's pipeline mode), each
-        its own transaction in autocommit; returns their rows in order. An error in one aborts
-        the ones after it and is raised."""
+        """Run ``[(statement, params), ...]`` in one round trip (psycopg's pipeline mode) and
+        return their rows in order. In autocommit, the statements up to the pipeline's one Sync
+        share one implicit transaction, which commits at the Sync: an error in one rolls back
+        those before it and aborts those after it, and is raised. Callers pipeline statements
+        whose effects may go together: the completion of one batch and the claim of the next."""
         if self.conn is None or self.conn.closed:
             self._connect()
         conn, cursors = self.conn, []
@@ -274,6 +279,10 @@ class Session:
 # made once, often while the table is small (a fresh install, a quiet hour), and must stay
 # right when it holds a backlog of millions. Both statements of PLANNED_ONCE reach their rows
 # through an index at every size. Every other statement runs with the session's own settings.
+def _generic(statement):
+    return statement in sql.PLANNED_ONCE
+
+
 _PLAN_MODE = {
     False: ("SET plan_cache_mode TO force_custom_plan", "RESET enable_seqscan"),
     True: ("SET plan_cache_mode TO force_generic_plan", "SET enable_seqscan TO off"),

@@ -6,7 +6,8 @@ every batch and every table size for the rest of the session. So these tests mak
 the states where a bad one was seen or is likely (statistics of an empty table, of a backlog
 with nothing running) and check its shape, then that the same session still finds the right
 rows once the table looks different. The plans are read with auto_explain, which logs the plan
-an execution actually used (EXPLAIN of a statement with parameters would plan it for them).
+an execution actually used (EXPLAIN of a statement with parameters would plan it for them),
+including the plans of the statements run inside it (the workflow trigger's, a function's).
 """
 
 import json
@@ -18,9 +19,9 @@ from django.db import connection
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_dbqueue import store
+from django_dbqueue import chain, store
 from django_dbqueue.connections import Session, connection_params
-from tests.utils import scalar
+from tests.utils import job_row, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,7 +73,7 @@ class Explained:
             pytest.skip(f"auto_explain is not installed on this server: {exc}")
         conn.execute(
             "SET auto_explain.log_min_duration = 0; SET auto_explain.log_format = json; "
-            "SET auto_explain.log_level = notice",
+            "SET auto_explain.log_level = notice; SET auto_explain.log_nested_statements = on",
             prepare=False,
         )
         conn.add_notice_handler(self._notice)
@@ -86,7 +87,9 @@ class Explained:
         self.plans.clear()
         rows = self.session.execute(statement, params)
         assert self.plans, "auto_explain logged no plan"
-        return rows, self.plans[-1]  # the statement's own (the plan-mode SET is not logged)
+        # The statement's own plan is logged last, after those of the statements it ran (the
+        # plan-mode SETs log none).
+        return rows, self.plans[-1]
 
     def close(self):
         self.session.reset()
@@ -112,21 +115,37 @@ def prepared_plans(session):
     }
 
 
-def scans(plan):
-    """Every scan of a table in ``plan``: (node type, relation, index or None)."""
+def scans(plan, relation=None):
+    """Every scan of a table in ``plan``: (node type, relation, index or None). A bitmap index
+    scan names no relation: it is reported with its bitmap heap scan's."""
     found = []
-    if "Relation Name" in plan and "Scan" in plan["Node Type"]:
-        found.append((plan["Node Type"], plan["Relation Name"], plan.get("Index Name")))
+    relation = plan.get("Relation Name", relation)
+    reads_table = "Relation Name" in plan or "Index Name" in plan  # not a CTE's or a function's
+    if "Scan" in plan["Node Type"] and reads_table and relation is not None:
+        found.append((plan["Node Type"], relation, plan.get("Index Name")))
     for child in plan.get("Plans", ()):
-        found.extend(scans(child))
+        found.extend(scans(child, relation if "Bitmap" in plan["Node Type"] else None))
     return found
 
 
-def claim(session, n, token):
-    statement = store.claim_statement(
+def subplan(plan, name):
+    """The part of ``plan`` named ``name`` (a CTE: ``"CTE completed"``)."""
+    if plan.get("Subplan Name") == name:
+        return plan
+    for child in plan.get("Plans", ()):
+        if (found := subplan(child, name)) is not None:
+            return found
+    return None
+
+
+def claim_of(n, token):
+    return store.claim_statement(
         worker_id="plans", queues=["default"], limits=[n], limit=n, token=token, threads=n
     )
-    return session.run(*statement)
+
+
+def claim(explained, n, token):
+    return explained.run(*claim_of(n, token))
 
 
 def complete(session, rows, token):
@@ -164,13 +183,21 @@ def test_claim_and_completion_plans_made_once_fit_every_table(state, batch):
 
     claim_scans = scans(claim_plan)
     assert ("Index Scan", "dbqueue_job", "dbqueue_job_claim_idx") in claim_scans
-    completion_scans = [s for s in scans(completion_plan) if s[1] == "dbqueue_job"]
-    # The completed rows by primary key, never a walk of the running jobs or of the table.
-    assert completion_scans, completion_plan
-    for node, _, index in completion_scans:
-        assert node != "Seq Scan", completion_plan
-        assert index != "dbqueue_job_lease_idx", completion_plan
-    assert any(index == "dbqueue_job_pkey" for _, _, index in completion_scans)
+    assert_completed_by_primary_key(completion_plan)
+
+
+def assert_completed_by_primary_key(completion_plan):
+    """The completed rows (the ``completed`` UPDATE, which runs for every batch; the rest of the
+    statement only for workflow jobs) are found by primary key, one probe per id: never by a
+    walk of the running jobs or of the table."""
+    completed = subplan(completion_plan, "CTE completed")
+    assert completed is not None, completion_plan
+    found = [s for s in scans(completed) if s[1] == "dbqueue_job"]
+    assert found, completed
+    for node, _, index in found:
+        assert node != "Seq Scan", completed
+        assert index != "dbqueue_job_lease_idx", completed
+    assert ("Index Scan", "dbqueue_job", "dbqueue_job_pkey") in found, completed
 
 
 def test_a_plan_made_on_a_small_table_still_finds_the_rows_of_a_big_one():
@@ -192,13 +219,74 @@ def test_a_plan_made_on_a_small_table_still_finds_the_rows_of_a_big_one():
         assert len(claimed) == 50
         rows, completion_plan = complete(explained, claimed, token)
         assert set(store.completed_endings(rows)) == {row.id for row in claimed}
-        for plan in (claim_plan, completion_plan):
-            assert ("Seq Scan", "dbqueue_job", None) not in scans(plan), plan
-        assert "dbqueue_job_lease_idx" not in {index for _, _, index in scans(completion_plan)}
+        assert ("Seq Scan", "dbqueue_job", None) not in scans(claim_plan), claim_plan
+        assert_completed_by_primary_key(completion_plan)
         assert prepared_plans(explained.session) == {"claim": (7, 0), "complete": (7, 0)}
     finally:
         explained.close()
     assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'done'") == 56
+
+
+def test_scans_reads_bitmap_index_scans_and_subplans():
+    # The shapes auto_explain logs; a helper that missed them would let the tests above pass
+    # a plan that walks the lease index through a bitmap.
+    plan = {
+        "Node Type": "Update",
+        "Relation Name": "dbqueue_job",
+        "Plans": [
+            {
+                "Node Type": "Bitmap Heap Scan",
+                "Relation Name": "dbqueue_job",
+                "Subplan Name": "CTE completed",
+                "Plans": [
+                    {"Node Type": "Bitmap Index Scan", "Index Name": "dbqueue_job_lease_idx"}
+                ],
+            },
+            {"Node Type": "Function Scan", "Function Name": "unnest"},
+        ],
+    }
+    assert scans(plan) == [
+        ("Bitmap Heap Scan", "dbqueue_job", None),
+        ("Bitmap Index Scan", "dbqueue_job", "dbqueue_job_lease_idx"),
+    ]
+    assert subplan(plan, "CTE completed") is plan["Plans"][0]
+    with pytest.raises(AssertionError):
+        assert_completed_by_primary_key(plan)
+
+
+def test_workflow_statements_run_by_a_completion_planned_once_use_indexes():
+    # A completion releases the dependents of the jobs it makes done (in its own statement)
+    # and, through the workflow trigger, cancels those of a job cancelled while it ran: both
+    # run under the session's generic plan mode, the trigger's statements too.
+    fill(20_000)
+    run_for_a_while(20_000)  # a fleet's table: the workflow's first jobs are the only pending
+    analyze()
+    first, then = chain(("echo", {}), ("echo", {}))
+    doomed, after_doomed = chain(("echo", {}), ("echo", {}))
+    explained = Explained()
+    try:
+        token = store.new_token()
+        rows, _ = claim(explained, 2, token)
+        claimed = store.claimed_rows(rows)
+        assert {row.id for row in claimed} == {first.id, doomed.id}
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE dbqueue_job SET cancel_requested_at = now() WHERE id = %s", [doomed.id]
+            )
+        rows, completion_plan = complete(explained, claimed, token)
+        nested = explained.plans[:-1]
+        assert explained.session.generic is True
+    finally:
+        explained.close()
+    assert store.completed_endings(rows) == {first.id: None, doomed.id: ""}
+    assert job_row(then.id)["state"] == "pending"
+    assert job_row(after_doomed.id)["state"] == "cancelled"
+    assert job_row(after_doomed.id)["errors"][-1]["class"] == "DependencyFailed"
+    assert nested, "the workflow trigger's statements logged no plan"
+    assert_completed_by_primary_key(completion_plan)
+    for plan in [completion_plan, *nested]:
+        for node, relation, _ in scans(plan):
+            assert (node, relation) != ("Seq Scan", "dbqueue_job"), plan
 
 
 def test_session_switches_plan_mode_only_where_the_kind_of_statement_changes():
@@ -206,11 +294,12 @@ def test_session_switches_plan_mode_only_where_the_kind_of_statement_changes():
     session = Session("default")
     try:
         token = store.new_token()
-        claimed = store.claimed_rows(session.execute(*_claim_of(5, token)))
+        claimed = store.claimed_rows(session.execute(*claim_of(5, token)))
         assert session.generic is True
         # Another statement between claims is planned for its own values again...
         assert session.execute("SHOW plan_cache_mode", {}) == [("force_custom_plan",)]
         assert session.generic is False
+        assert session.execute("SHOW enable_seqscan", {}) == [("on",)]  # back as it was
         held = store.extend_leases(session, [(row.id, token) for row in claimed])
         assert set(held) == {row.id for row in claimed}
         # ... and the completion with the next claim, one pipeline, switches back once.
@@ -218,7 +307,7 @@ def test_session_switches_plan_mode_only_where_the_kind_of_statement_changes():
         done, again = session.execute_pipelined(
             [
                 store.complete_statement([(row.id, token, None) for row in claimed]),
-                _claim_of(5, token),
+                claim_of(5, token),
             ]
         )
         assert session.statements == statements_before + 2
@@ -232,22 +321,28 @@ def test_session_switches_plan_mode_only_where_the_kind_of_statement_changes():
         session.reset()
 
 
-def test_an_unprepared_session_never_switches(settings):
+def server_defaults():
+    with psycopg.connect(**connection_params("default"), autocommit=True) as conn:
+        return conn.execute("SHOW plan_cache_mode").fetchone()[0], conn.execute(
+            "SHOW enable_seqscan"
+        ).fetchone()[0]
+
+
+def test_an_unprepared_session_never_switches():
     fill(2)
     session = Session("default", prepare=False)
     try:
         token = store.new_token()
-        session.execute(*_claim_of(2, token))
+        assert len(store.claimed_rows(session.execute(*claim_of(2, token)))) == 2
         assert session.generic is False
-        assert session.execute("SHOW plan_cache_mode", {}) == [("auto",)]
+        # The settings a plain connection to this server has: the session changed none.
+        found = (
+            session.execute("SHOW plan_cache_mode", {})[0][0],
+            session.execute("SHOW enable_seqscan", {})[0][0],
+        )
+        assert found == server_defaults()
     finally:
         session.reset()
-
-
-def _claim_of(n, token):
-    return store.claim_statement(
-        worker_id="plans", queues=["default"], limits=[n], limit=n, token=token, threads=n
-    )
 
 
 # The hot statements' arrays travel as array literals (store.int_array, store.text_array):
