@@ -9,6 +9,11 @@ CHECKs), truncated before every run:
   and acknowledged). The baseline is one psycopg connection claiming batches of 10 with
   ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT 10)``, running the handlers
   inline and completing each batch with one UPDATE.
+- drain-io: 3,000 pending jobs that each sleep 1 ms (``bench-sleep``: a handler waiting on I/O,
+  which lets the claim loop run while it waits), one worker process. Ours: the real
+  ``Worker(burst=True).run()`` at default settings (10 handler threads). The baseline: the same
+  claim of batches of 10 (its thread count), the handlers run in a pool of 10 threads, the batch
+  completed with one UPDATE once all ten have returned.
 - enqueue: N transactions from one connection, each an invoice INSERT plus one job, committed.
   Ours: ``transaction.atomic()`` + the invoice INSERT on Django's cursor + ``enqueue()``. The
   baseline: psycopg's ``conn.transaction()`` + the same invoice INSERT + a bare job INSERT whose
@@ -32,7 +37,8 @@ created on first use), so the benchmark never touches other data. ``DATABASE_URL
 syntax) names the server; its database name is only used to reach the server.
 
     python benchmarks/bench.py [--jobs 20000] [--enqueues 5000] [--wakeups 200] [--repeat 3]
-                               [--json results.json] [--only drain,enqueue,wakeup]
+                               [--io-jobs 3000] [--json results.json]
+                               [--only drain,drain-io,enqueue,wakeup]
                                [--django-prepared]
 """
 
@@ -97,6 +103,20 @@ SELECT 'bench-noop', %(queue)s, jsonb_build_object('i', g), 'pending', 0, now(),
        '[]'::jsonb, now()
 FROM generate_series(1, %(n)s) AS g
 """
+
+# FILL's jobs, each sleeping ``sleep`` seconds (the drain-io workload).
+FILL_SLEEP = """
+INSERT INTO dbqueue_job (
+    type, queue, payload, state, priority, run_after, attempts, max_attempts, lease_seconds,
+    errors, created_at
+)
+SELECT 'bench-sleep', %(queue)s, jsonb_build_object('i', g, 'sleep', %(sleep)s::float8),
+       'pending', 0, now(), 0, 10, 60.0, '[]'::jsonb, now()
+FROM generate_series(1, %(n)s) AS g
+"""
+
+IO_SLEEP = 0.001  # seconds each drain-io job sleeps
+IO_THREADS = 10  # the baseline's handler threads: our worker's default CONCURRENCY
 
 INSERT_INVOICE = """
 INSERT INTO bench_invoice (number, customer, amount_cents, created_at)
@@ -233,10 +253,13 @@ class Env:
             self._baseline.close()
             self._baseline = None
 
-    def reset(self, fill=0):
-        """Empty the tables (and write ``fill`` pending no-op jobs) so every run starts equal."""
+    def reset(self, fill=0, sleep=None):
+        """Empty the tables (and write ``fill`` pending no-op jobs, or jobs sleeping ``sleep``
+        seconds) so every run starts equal."""
         self.admin.execute(RESET)
-        if fill:
+        if fill and sleep is not None:
+            self.admin.execute(FILL_SLEEP, {"queue": QUEUE, "n": fill, "sleep": sleep})
+        elif fill:
             self.admin.execute(FILL, {"queue": QUEUE, "n": fill})
         self.admin.execute("VACUUM ANALYZE dbqueue_job")
         self.admin.execute("VACUUM ANALYZE bench_invoice")
@@ -283,7 +306,15 @@ def base_record_start(payload):
     BASE_STARTED.put((payload["seq"], started))
 
 
-BASE_HANDLERS = {"bench-noop": base_noop, "bench-wakeup": base_record_start}
+def base_sleep(payload):
+    time.sleep(payload["sleep"])
+
+
+BASE_HANDLERS = {
+    "bench-noop": base_noop,
+    "bench-wakeup": base_record_start,
+    "bench-sleep": base_sleep,
+}
 
 
 def run_batch(conn, worker_id):
@@ -301,16 +332,17 @@ def run_batch(conn, worker_id):
 # --------------------------------------------------------------------------------------------
 # (a) drain
 # --------------------------------------------------------------------------------------------
-def drain_ours(env, n):
+def drain_ours(env, n, sleep=None):
+    """The real worker at default settings drains ``n`` jobs (no-op, or sleeping ``sleep`` s)."""
     from django_dbqueue.worker import Worker
 
-    env.reset(fill=n)
+    env.reset(fill=n, sleep=sleep)
     worker = Worker(burst=True)
     started = time.perf_counter()
     worker.run()
     seconds = time.perf_counter() - started
     close_django_connections()
-    env.expect("drain (ours)", done=n)
+    env.expect("drain (ours)" if sleep is None else "drain-io (ours)", done=n)
     return {"seconds": seconds, "value": n / seconds}
 
 
@@ -322,6 +354,29 @@ def drain_baseline(env, n):
             pass
         seconds = time.perf_counter() - started
     env.expect("drain (baseline)", done=n)
+    return {"seconds": seconds, "value": n / seconds}
+
+
+def drain_io_ours(env, n):
+    return drain_ours(env, n, sleep=IO_SLEEP)
+
+
+def drain_io_baseline(env, n):
+    from concurrent.futures import ThreadPoolExecutor
+
+    env.reset(fill=n, sleep=IO_SLEEP)
+    claim = {"worker": "baseline", "queue": QUEUE, "limit": IO_THREADS}
+    with (
+        psycopg.connect(**env.params, autocommit=True) as conn,
+        ThreadPoolExecutor(IO_THREADS) as pool,
+    ):
+        started = time.perf_counter()
+        while rows := conn.execute(BASE_CLAIM, claim).fetchall():
+            payloads = [(job_type, json.loads(payload)) for _, job_type, payload, _ in rows]
+            list(pool.map(lambda job: BASE_HANDLERS[job[0]](job[1]), payloads))
+            conn.execute(BASE_COMPLETE, {"ids": [row[0] for row in rows]})
+        seconds = time.perf_counter() - started
+    env.expect("drain-io (baseline)", done=n)
     return {"seconds": seconds, "value": n / seconds}
 
 
@@ -637,6 +692,8 @@ SHORT = {"baseline": "base"}  # side names in the table
 
 ROWS = [
     Row("drain", "drain", "value", "jobs/s", True, ">= 1.0x base", ">= 2.0x base"),
+    # Handlers that wait (1 ms): the claim loop must keep the threads fed while they sleep.
+    Row("drain, 1 ms jobs", "drain-io", "value", "jobs/s", True, "-", "-"),
     Row("enqueue", "enqueue", "value", "tx/s", True, ">= 0.9x base", "-"),
     # DESIGN.md's "an enqueue costs within 5% of the baseline's bare INSERT": the queue's own
     # cost, so against the bare INSERT on the same (Django) connection, not against psycopg.
@@ -825,6 +882,7 @@ def in_turn(ours, baseline):
 # workload -> (runs both sides, the option that sizes it)
 WORKLOADS = {
     "drain": (in_turn(drain_ours, drain_baseline), "jobs"),
+    "drain-io": (in_turn(drain_io_ours, drain_io_baseline), "io_jobs"),
     "enqueue": (enqueue_pair, "enqueues"),
     "wakeup": (in_turn(wakeup_ours, wakeup_baseline), "wakeups"),
 }
@@ -836,7 +894,7 @@ def describe(workload, side, result, size):
             f"{size} wake-ups: p50 {result['p50']:.3f} ms, p99 {result['p99']:.3f} ms, "
             f"max {result['max']:.3f} ms"
         )
-    unit = "jobs/s" if workload == "drain" else "tx/s"
+    unit = "jobs/s" if workload.startswith("drain") else "tx/s"
     return f"{size} in {result['seconds']:.2f} s = {result['value']:,.0f} {unit}"
 
 
@@ -845,6 +903,9 @@ def parse_args(argv=None):
         description="django-dbqueue vs a plain-SQL baseline: drain, enqueue, wake-up latency."
     )
     parser.add_argument("--jobs", type=int, default=20000, help="jobs to drain (default 20000)")
+    parser.add_argument(
+        "--io-jobs", type=int, default=3000, help="1 ms jobs to drain (default 3000)"
+    )
     parser.add_argument(
         "--enqueues", type=int, default=5000, help="enqueue transactions (default 5000)"
     )
@@ -866,8 +927,8 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--only",
-        default="drain,enqueue,wakeup",
-        help="comma-separated workloads to run (default: drain,enqueue,wakeup)",
+        default="drain,drain-io,enqueue,wakeup",
+        help="comma-separated workloads to run (default: drain,drain-io,enqueue,wakeup)",
     )
     parser.add_argument(
         "--database",
@@ -901,9 +962,9 @@ def parse_args(argv=None):
     unknown = set(args.only) - set(WORKLOADS)
     if unknown:
         parser.error(f"--only: unknown workloads {sorted(unknown)}; known: {sorted(WORKLOADS)}")
-    for name in ("jobs", "enqueues", "wakeups", "repeat"):
+    for name in ("jobs", "io_jobs", "enqueues", "wakeups", "repeat"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.wakeups < 2:
         parser.error("--wakeups must be at least 2")
     return args
@@ -927,7 +988,8 @@ def main(argv=None):
         print("\n".join(f"{key.ljust(width)}  {value}" for key, value in facts.items()))
         print(
             f"database: {args.database} on {db.get('HOST') or 'local socket'}:"
-            f"{db.get('PORT') or 5432}; drain {args.jobs} jobs, enqueue {args.enqueues} tx, "
+            f"{db.get('PORT') or 5432}; drain {args.jobs} jobs, drain-io {args.io_jobs} jobs "
+            f"of {IO_SLEEP * 1000:g} ms, enqueue {args.enqueues} tx, "
             f"{args.wakeups} wake-ups, repeat {args.repeat}, synchronous_commit "
             f"{facts['synchronous_commit']}"
         )
@@ -956,13 +1018,13 @@ def main(argv=None):
                 except InvalidRun as exc:
                     close_django_connections()
                     run["invalid"] = str(exc)
-                    print(f"[{repeat + 1}/{args.repeat}] {workload:8} INVALID: {exc}", flush=True)
+                    print(f"[{repeat + 1}/{args.repeat}] {workload:9} INVALID: {exc}", flush=True)
                     runs.append(run)
                     continue
                 run.update(results)
                 for side, result in results.items():
                     print(
-                        f"[{repeat + 1}/{args.repeat}] {workload:8} {side:11} "
+                        f"[{repeat + 1}/{args.repeat}] {workload:9} {side:11} "
                         + describe(workload, side, result, size)
                         + f"   (commit {run['commit_ms']:.2f} ms before)",
                         flush=True,

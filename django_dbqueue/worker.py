@@ -381,6 +381,10 @@ class Worker:
         ):
             self._keyed_due = self._keyed_due or keyed_due
             self._claim_next = True
+            # Also ends _batch_acks' wait for more completions: the claim they ride on is due
+            # now, not at the end of ACK_INTERVAL (handlers that wait on I/O let the loop reach
+            # that wait while slots are still busy).
+            self._acks_ready.set()
             self._wakeup.set()
 
     def _write_done(self, done):
@@ -461,6 +465,7 @@ class Worker:
         from a signal handler on the loop's thread: the handlers above set a flag instead)."""
         self._releasing = True
         self.stopping.set()
+        self._acks_ready.set()  # ends _batch_acks' wait: the shutdown writes what is buffered
         self._wakeup.set()
 
     def _stop_requested(self):
@@ -659,12 +664,16 @@ class Worker:
         return max(0.0, min(self._next_poll, self.maintenance.deadline()) - now)
 
     def _batch_acks(self):
-        """Let a few completions gather into one statement, unless the slots want a claim."""
+        """Let a few completions gather into one statement, unless the slots want a claim.
+
+        The wait ends early on ``_acks_ready``: a full buffer, a claim that came due (finished),
+        a stop. It is cleared before the conditions are read, so that what sets it after they
+        were read still ends the wait, and what changed before is seen by them."""
+        self._acks_ready.clear()
         if not self.acks.pending() or self.acks.full() or self._stop_requested():
             return
         if self._keyed_due or (self.free_slots() >= self._min_batch and self._want_capacity):
             return  # a claim is due: the completions go with it
-        self._acks_ready.clear()
         self._acks_ready.wait(self.conf.ACK_INTERVAL)
 
     def _lost_connection(self):

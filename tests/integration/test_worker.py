@@ -4,10 +4,14 @@ Workers run on background threads against the real database; tests wait on the d
 with deadlines.
 """
 
+import threading
+
 import pytest
 from django.db import connection
 
-from django_dbqueue import enqueue, enqueue_many, signals
+from django_dbqueue import enqueue, enqueue_many, signals, store
+from django_dbqueue.context import JobContext
+from django_dbqueue.inflight import Entry
 from django_dbqueue.worker import Worker
 from tests.utils import job_row, scalar, wait_until
 
@@ -436,6 +440,60 @@ def test_fixed_prefetch_setting_is_not_adapted(fast_settings):
     worker._starved = 5
     worker._adapt_prefetch(5, 5)
     assert worker.prefetch == worker.prefetch_max == 1
+
+
+def test_a_claim_that_comes_due_ends_the_wait_for_more_completions(start_worker, fast_settings):
+    # Handlers that wait (here: sleep) let the claim loop reach its wait for more completions
+    # to batch (ACK_INTERVAL) while some slots are still busy. The handler whose end frees a
+    # batch's worth of slots makes the claim due, and the completions ride on it: it must end
+    # that wait, not leave both to the end of the interval (60 s here, so a miss is plain).
+    fast_settings.DBQUEUE = {
+        **fast_settings.DBQUEUE,
+        "ACK_INTERVAL": 60.0,
+        "POLL_INTERVAL": 60.0,
+        "PREFETCH": 2,  # 2 threads + 2 prefetched: a claim is due when 2 slots are free
+    }
+    # Of each pair claimed together, one ends well before the other: the loop waits between.
+    jobs = enqueue_many([("record", {"sleep": 0.02 if i % 2 else 0.15}) for i in range(8)])
+    worker = start_worker(concurrency=2)
+    wait_until(
+        lambda: scalar("SELECT count(*) FROM testapp_effect") == len(jobs),
+        timeout=20,
+        message="every job run, each batch claimed as soon as its slots were free",
+    )
+    # The last completions, with no claim to ride on, wait for the interval or, as here, for
+    # the stop, which ends that wait too.
+    worker.stop()
+    worker.thread.join(15)
+    assert not worker.thread.is_alive(), "the stop did not end the wait for completions"
+    assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'done'") == len(jobs)
+
+
+def test_a_stop_ends_the_wait_for_more_completions(fast_settings):
+    fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "ACK_INTERVAL": 60.0}
+    job = enqueue("noop")
+    worker = Worker(concurrency=2)
+    token = store.new_token()
+    (row,) = store.claim(
+        "default",
+        worker_id=worker.worker_id,
+        queues=["default"],
+        limits=[1],
+        limit=1,
+        token=token,
+    )
+    # A success buffered and no claim due: the loop would wait the interval for more.
+    ctx = JobContext(row, worker_id=worker.worker_id, using="default")
+    worker.acks.succeed(Entry(ctx, token, None))
+    worker._want_capacity = False
+    waiting = threading.Thread(target=worker._batch_acks, daemon=True)
+    waiting.start()
+    worker.stop()
+    waiting.join(10)
+    assert not waiting.is_alive(), "stop() left the loop waiting for ACK_INTERVAL"
+    worker.acks.flush_once(worker.session)  # what the shutdown does next
+    worker.session.reset()
+    assert state_of(job.id) == "done"
 
 
 def test_worker_session_is_prepared_and_commits_asynchronously_per_statement(fast_settings):
