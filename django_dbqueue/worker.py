@@ -666,14 +666,20 @@ class Worker:
     def _batch_acks(self):
         """Let a few completions gather into one statement, unless the slots want a claim.
 
-        The wait ends early on ``_acks_ready``: a full buffer, a claim that came due (finished),
-        a stop. It is cleared before the conditions are read, so that what sets it after they
-        were read still ends the wait, and what changed before is seen by them."""
+        The wait ends early on ``_acks_ready``: a full buffer, a claim that came due (finished,
+        which sets ``_claim_next`` first, whatever made it due), a stop. It is cleared before the
+        conditions are read, so that what sets it after they were read still ends the wait, and
+        what changed before is seen by them. (A stop by signal sets neither: the wait then runs
+        out, ACK_INTERVAL at most.)"""
         self._acks_ready.clear()
         if not self.acks.pending() or self.acks.full() or self._stop_requested():
             return
-        if self._keyed_due or (self.free_slots() >= self._min_batch and self._want_capacity):
+        free = self.free_slots()
+        if (self._claim_next and free) or self._keyed_due:
             return  # a claim is due: the completions go with it
+        if free >= self._min_batch and self._want_capacity:
+            self._claim_next = True  # due, though no finish said so since the last claim
+            return
         self._acks_ready.wait(self.conf.ACK_INTERVAL)
 
     def _lost_connection(self):

@@ -284,6 +284,9 @@ def test_workflow_statements_run_by_a_completion_planned_once_use_indexes():
     assert job_row(after_doomed.id)["errors"][-1]["class"] == "DependencyFailed"
     assert nested, "the workflow trigger's statements logged no plan"
     assert_completed_by_primary_key(completion_plan)
+    # Only a missing index would show here (sequential scans are priced out in this mode). Not
+    # checked yet: these plans walk dbqueue_job_waiting_idx whole, without an index condition,
+    # where statistics saw few waiting jobs (issue 8's note of 2026-12-03).
     for plan in [completion_plan, *nested]:
         for node, relation, _ in scans(plan):
             assert (node, relation) != ("Seq Scan", "dbqueue_job"), plan
@@ -347,7 +350,8 @@ def test_an_unprepared_session_never_switches():
 
 # The hot statements' arrays travel as array literals (store.int_array, store.text_array):
 # PostgreSQL must read back exactly what was meant, whatever the strings hold.
-_text = st.text(st.characters(exclude_characters="\x00"), max_size=30)  # text holds no NUL
+# Text holds no NUL, and a lone surrogate is not UTF-8 (json.dumps escapes them in results).
+_text = st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=30)
 
 
 @hypothesis.settings(max_examples=300, deadline=None)

@@ -485,14 +485,25 @@ def test_a_stop_ends_the_wait_for_more_completions(fast_settings):
     # A success buffered and no claim due: the loop would wait the interval for more.
     ctx = JobContext(row, worker_id=worker.worker_id, using="default")
     worker.acks.succeed(Entry(ctx, token, None))
-    worker._want_capacity = False
+    worker._want_capacity = worker._claim_next = False
+    entered, wait = threading.Event(), worker._acks_ready.wait
+
+    def entering_wait(timeout=None):
+        entered.set()
+        return wait(timeout)
+
+    worker._acks_ready.wait = entering_wait
     waiting = threading.Thread(target=worker._batch_acks, daemon=True)
     waiting.start()
-    worker.stop()
-    waiting.join(10)
-    assert not waiting.is_alive(), "stop() left the loop waiting for ACK_INTERVAL"
-    worker.acks.flush_once(worker.session)  # what the shutdown does next
-    worker.session.reset()
+    try:
+        assert entered.wait(10), "the loop did not wait for more completions"
+        worker.stop()  # while it waits
+        waiting.join(10)
+        assert not waiting.is_alive(), "stop() left the loop waiting for ACK_INTERVAL"
+        worker.acks.flush_once(worker.session)  # what the shutdown does next
+    finally:
+        worker.session.reset()
+        worker._wakeup.close()
     assert state_of(job.id) == "done"
 
 
