@@ -110,7 +110,8 @@ class Session:
     Behind PgBouncer in transaction mode set ``PREPARE`` to False, also where it keeps prepared
     statements (1.21 and newer): a preparing session SETs its plan mode, which a transaction
     pooler would leave on other clients' server connections. A session that finds its prepared
-    statements gone says so and stops preparing. ``ASYNC_COMMIT`` travels with each statement and works through a pooler.
+    statements gone says so and stops preparing. ``ASYNC_COMMIT`` travels with each statement
+    and works through a pooler.
 
     With ``listen`` (a channel), the session also LISTENs, at every (re)connection: the
     notifications it receives, while a statement runs or while its owner waits on its socket
@@ -173,11 +174,11 @@ class Session:
         execution is planned for its values anyway, and nothing is switched."""
         if not self._switches_for(statement):
             return ()
-        self.generic = _generic(statement)
+        self.generic = statement in sql.PLANNED_ONCE
         return _PLAN_MODE[self.generic]
 
     def _switches_for(self, statement):
-        return self.prepare and _generic(statement) is not self.generic
+        return self.prepare and (statement in sql.PLANNED_ONCE) is not self.generic
 
     def connection(self):
         """The open psycopg connection (opened now if need be)."""
@@ -279,10 +280,6 @@ class Session:
 # made once, often while the table is small (a fresh install, a quiet hour), and must stay
 # right when it holds a backlog of millions. Both statements of PLANNED_ONCE reach their rows
 # through an index at every size. Every other statement runs with the session's own settings.
-def _generic(statement):
-    return statement in sql.PLANNED_ONCE
-
-
 _PLAN_MODE = {
     False: ("SET plan_cache_mode TO force_custom_plan", "RESET enable_seqscan"),
     True: ("SET plan_cache_mode TO force_generic_plan", "SET enable_seqscan TO off"),
