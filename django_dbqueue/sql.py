@@ -528,12 +528,14 @@ FROM commit_mode,
 # The result is one row (one value each to decode, as the claim's): the ids made done as a JSON
 # array, the ids ended cancelled as a JSON object id -> who cancelled it ('' when nobody is
 # recorded), NULL for none, and how many queues were woken.
-# Planned once per session (PLANNED_ONCE). The state it matches, 'running', is a parameter so
-# that a plan made without the values cannot use dbqueue_job_lease_idx, a partial index on that
-# state: statistics taken while few jobs ran rate that index at one row, and a plan made then
-# would walk every running job for each completed one for the rest of the session. The primary
-# key, one probe per completed id, is the plan at every table size (tests/integration/
-# test_plans.py).
+# Planned once per session (PLANNED_ONCE). The states it matches, 'running' and 'waiting', are
+# parameters so that a plan made without the values cannot use dbqueue_job_lease_idx or
+# dbqueue_job_waiting_idx, partial indexes on those states: statistics taken while few jobs ran
+# (or none waited) rate such an index at one row, and a plan made then would walk every running
+# job for each completed one (every waiting job for each batch that releases a dependent) for
+# the rest of the session. The primary key, one probe per id, is the plan at every table size
+# (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements,
+# planned under the same mode, match theirs the same way (migration 0013).
 COMPLETE_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -557,7 +559,7 @@ counts AS MATERIALIZED (
 ),
 locked AS MATERIALIZED (
     SELECT j.id FROM dbqueue_job AS j
-    WHERE j.id IN (SELECT id FROM counts) AND j.state = 'waiting'
+    WHERE j.id IN (SELECT id FROM counts) AND j.state = %(waiting)s
     ORDER BY j.id
     FOR NO KEY UPDATE
 ),
@@ -568,7 +570,7 @@ released AS (
         run_after = CASE WHEN d.waiting_on = n.n THEN GREATEST(d.run_after, now())
                          ELSE d.run_after END
     FROM counts AS n
-    WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state = 'waiting'
+    WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state = %(waiting)s
     RETURNING d.queue, d.state
 ),
 late AS (

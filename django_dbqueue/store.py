@@ -477,6 +477,7 @@ def complete_statement(acks, *, async_commit=False, channel=None):
         "tokens": int_array(tokens),
         "results": text_array(results),
         "running": "running",
+        "waiting": "waiting",
         "commit": _commit(async_commit),
         "channel": channel,
     }

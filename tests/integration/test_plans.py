@@ -284,12 +284,43 @@ def test_workflow_statements_run_by_a_completion_planned_once_use_indexes():
     assert job_row(after_doomed.id)["errors"][-1]["class"] == "DependencyFailed"
     assert nested, "the workflow trigger's statements logged no plan"
     assert_completed_by_primary_key(completion_plan)
-    # Only a missing index would show here (sequential scans are priced out in this mode). Not
-    # checked yet: these plans walk dbqueue_job_waiting_idx whole, without an index condition,
-    # where statistics saw few waiting jobs (issue 8's note of 2026-12-03).
-    for plan in [completion_plan, *nested]:
-        for node, relation, _ in scans(plan):
-            assert (node, relation) != ("Seq Scan", "dbqueue_job"), plan
+    assert_jobs_found_by_primary_key([completion_plan, *nested])
+
+
+def assert_jobs_found_by_primary_key(plans):
+    """Every job the plans read is found by primary key (from the completed rows'
+    ``dependents`` or from the edges). Statistics that saw no waiting job rate
+    dbqueue_job_waiting_idx at one row: a plan allowed to match its predicate reads the whole
+    index (every waiting job of every workflow) for each batch that releases a dependent, for
+    the rest of the session."""
+    for plan in plans:
+        for node, relation, index in scans(plan):
+            if relation == "dbqueue_job" and node != "Bitmap Heap Scan":
+                assert index == "dbqueue_job_pkey", plan
+
+
+def test_the_late_release_planned_once_finds_its_dependents_by_primary_key():
+    # dbqueue_release_late() runs inside a completion, under its plan mode, for dependents the
+    # completion's snapshot could not see (migration 0009); its plans are kept as the trigger's.
+    fill(20_000)
+    run_for_a_while(20_000)
+    analyze()
+    first, then = chain(("echo", {}), ("echo", {}))
+    explained = Explained()
+    try:
+        conn = explained.session.connection()
+        conn.execute("SET plan_cache_mode = force_generic_plan", prepare=False)
+        explained.plans.clear()
+        woken = conn.execute(
+            "SELECT * FROM dbqueue_release_late(%s, %s)", [[then.id], [first.id]], prepare=False
+        ).fetchall()
+        plans = list(explained.plans)
+    finally:
+        explained.close()
+    assert woken == [(job_row(then.id)["queue"],)]
+    assert job_row(then.id)["state"] == "pending"
+    assert len(plans) == 3, plans  # its PERFORM, its RETURN QUERY, the SELECT that called it
+    assert_jobs_found_by_primary_key(plans)
 
 
 def test_session_switches_plan_mode_only_where_the_kind_of_statement_changes():
