@@ -11,6 +11,7 @@ from empty, vacuumed tables; ``--repeat`` alternates the two sides and reports m
 
     python benchmarks/workflows.py                       # 1,000 chords of 10 members
     python benchmarks/workflows.py --chords 200 --repeat 3
+    python benchmarks/workflows.py --stale-statistics    # plans made before the chords came
 """
 
 import argparse
@@ -39,25 +40,36 @@ from benchmarks.bench import (  # noqa: E402
 TARGET = 0.7
 
 
-def drain_chords(env, chords, members):
+def drain_chords(env, chords, members, plain=0, stale=False):
+    """Drain ``chords`` chords and ``plain`` no-op jobs with one worker; jobs/s. ``stale``: the
+    table's statistics are taken before the chords are enqueued (with the plain jobs only, and
+    autovacuum kept off the table until the drain ends), as for a worker whose plans were made
+    before a fan-out of workflows arrived."""
     from django.db import transaction
 
     from django_dbqueue import group
     from django_dbqueue.worker import Worker
 
-    env.reset()
-    with transaction.atomic():
-        for _ in range(chords):
-            group(*[("bench-noop", {})] * members, then=("bench-noop", {"callback": True}))
-    close_django_connections()
-    env.admin.execute("VACUUM ANALYZE dbqueue_job")
-    env.admin.execute("VACUUM ANALYZE dbqueue_dependency")
-    worker = Worker(burst=True)
-    started = time.perf_counter()
-    worker.run()
-    seconds = time.perf_counter() - started
-    close_django_connections()
-    n = chords * (members + 1)
+    env.reset(fill=plain)  # analyzes what it wrote
+    if stale:
+        env.admin.execute("ALTER TABLE dbqueue_job SET (autovacuum_enabled = false)")
+    try:
+        with transaction.atomic():
+            for _ in range(chords):
+                group(*[("bench-noop", {})] * members, then=("bench-noop", {"callback": True}))
+        close_django_connections()
+        if not stale:
+            env.admin.execute("VACUUM ANALYZE dbqueue_job")
+            env.admin.execute("VACUUM ANALYZE dbqueue_dependency")
+        worker = Worker(burst=True)
+        started = time.perf_counter()
+        worker.run()
+        seconds = time.perf_counter() - started
+        close_django_connections()
+    finally:
+        if stale:
+            env.admin.execute("ALTER TABLE dbqueue_job RESET (autovacuum_enabled)")
+    n = chords * (members + 1) + plain
     env.expect("drain (chords)", done=n)
     late = env.admin.execute(
         """
@@ -82,12 +94,20 @@ def main():
     parser.add_argument("--database", default="dbqueue_bench")
     parser.add_argument("--synchronous-commit", default=None, choices=["on", "off"])
     parser.add_argument("--django-prepared", action="store_true")
+    parser.add_argument(
+        "--stale-statistics",
+        action="store_true",
+        help="take the statistics before the chords are enqueued, with as many plain jobs as "
+        "the chords have members in the table (and both sides drain those too): the worker's "
+        "plans are made from statistics that saw no waiting job",
+    )
     args = parser.parse_args()
     db = bench_database(args)
     ensure_database(db, args.database)
     setup_django(db)
     env = Env(libpq_params(db), psycopg.connect(**libpq_params(db), autocommit=True))
-    n = args.chords * (args.members + 1)
+    extra = args.chords * args.members if args.stale_statistics else 0
+    n = args.chords * (args.members + 1) + extra
     plain, chords = [], []
     for run in range(args.repeat):
         order = ("plain", "chords") if run % 2 == 0 else ("chords", "plain")
@@ -95,7 +115,9 @@ def main():
             if side == "plain":
                 plain.append(drain_ours(env, n)["value"])
             else:
-                chords.append(drain_chords(env, args.chords, args.members))
+                chords.append(
+                    drain_chords(env, args.chords, args.members, extra, args.stale_statistics)
+                )
             print(f"run {run + 1} {side}: {(plain if side == 'plain' else chords)[-1]:,.0f} jobs/s")
     p, c = statistics.median(plain), statistics.median(chords)
     ratio = c / p
