@@ -532,8 +532,9 @@ FROM commit_mode,
 # parameters so that a plan made without the values cannot use dbqueue_job_lease_idx or
 # dbqueue_job_waiting_idx, partial indexes on those states: statistics taken while few jobs ran
 # (or none waited) rate such an index at one row, and a plan made then would walk every running
-# job for each completed one (every waiting job for each batch that releases a dependent) for
-# the rest of the session. The primary key, one probe per id, is the plan at every table size
+# job for each completed one (every waiting job for each batch that releases a dependent) until
+# the table is next analyzed (PostgreSQL plans it again then; autovacuum analyzes once a tenth
+# of the rows changed, by default). The primary key, one probe per id, is the plan at every size
 # (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements,
 # planned under the same mode, match theirs the same way (migration 0013).
 COMPLETE_JOBS = """

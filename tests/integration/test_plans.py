@@ -2,7 +2,7 @@
 literals its hot statements bind.
 
 A generic plan is made once per connection, with the statistics of that moment, and then serves
-every batch and every table size for the rest of the session. So these tests make the plan in
+every batch and every table size until the table is next analyzed. So these tests make the plan in
 the states where a bad one was seen or is likely (statistics of an empty table, of a backlog
 with nothing running) and check its shape, then that the same session still finds the right
 rows once the table looks different. The plans are read with auto_explain, which logs the plan
@@ -19,8 +19,8 @@ from django.db import connection
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_dbqueue import chain, store
-from django_dbqueue.connections import Session, connection_params
+from django_dbqueue import chain, sql, store
+from django_dbqueue.connections import _PLAN_MODE, Session, connection_params
 from tests.utils import job_row, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -288,15 +288,16 @@ def test_workflow_statements_run_by_a_completion_planned_once_use_indexes():
 
 
 def assert_jobs_found_by_primary_key(plans):
-    """Every job the plans read is found by primary key (from the completed rows'
-    ``dependents`` or from the edges). Statistics that saw no waiting job rate
+    """Each of the plans reads jobs, and finds every one by primary key (from the completed
+    rows' ``dependents`` or from the edges). Statistics that saw no waiting job rate
     dbqueue_job_waiting_idx at one row: a plan allowed to match its predicate reads the whole
-    index (every waiting job of every workflow) for each batch that releases a dependent, for
-    the rest of the session."""
+    index (every waiting job of every workflow) for each batch that releases a dependent, until
+    the table is next analyzed."""
     for plan in plans:
-        for node, relation, index in scans(plan):
-            if relation == "dbqueue_job" and node != "Bitmap Heap Scan":
-                assert index == "dbqueue_job_pkey", plan
+        found = [s for s in scans(plan) if s[1] == "dbqueue_job" and s[0] != "Bitmap Heap Scan"]
+        assert found, plan
+        for _, _, index in found:
+            assert index == "dbqueue_job_pkey", plan
 
 
 def test_the_late_release_planned_once_finds_its_dependents_by_primary_key():
@@ -309,7 +310,8 @@ def test_the_late_release_planned_once_finds_its_dependents_by_primary_key():
     explained = Explained()
     try:
         conn = explained.session.connection()
-        conn.execute("SET plan_cache_mode = force_generic_plan", prepare=False)
+        for statement in _PLAN_MODE[True]:  # the worker's mode for its completion
+            conn.execute(statement, prepare=False)
         explained.plans.clear()
         woken = conn.execute(
             "SELECT * FROM dbqueue_release_late(%s, %s)", [[then.id], [first.id]], prepare=False
@@ -320,7 +322,33 @@ def test_the_late_release_planned_once_finds_its_dependents_by_primary_key():
     assert woken == [(job_row(then.id)["queue"],)]
     assert job_row(then.id)["state"] == "pending"
     assert len(plans) == 3, plans  # its PERFORM, its RETURN QUERY, the SELECT that called it
-    assert_jobs_found_by_primary_key(plans)
+    assert_jobs_found_by_primary_key(plans[:2])
+
+
+def test_the_trigger_requeue_branch_planned_once_finds_its_jobs_by_primary_key():
+    # A requeue of a cancelled dependency brings back the dependents its cancel cancelled; the
+    # trigger's statements for it match 'cancelled' and 'dead', states of a partial index
+    # (dbqueue_job_finished_idx) that statistics of a fleet's table rate at a few rows.
+    fill(20_000)
+    run_for_a_while(20_000)
+    analyze()
+    doomed, after_doomed = chain(("echo", {}), ("echo", {}))
+    store.cancel("default", [doomed.id])
+    assert job_row(after_doomed.id)["state"] == "cancelled"
+    explained = Explained()
+    try:
+        conn = explained.session.connection()
+        for statement in _PLAN_MODE[True]:
+            conn.execute(statement, prepare=False)
+        explained.plans.clear()
+        moved = conn.execute(sql.REQUEUE_JOBS, {"ids": [doomed.id]}, prepare=False).fetchall()
+        plans = list(explained.plans)
+    finally:
+        explained.close()
+    assert [row[0] for row in moved] == [doomed.id]
+    assert job_row(after_doomed.id)["state"] == "waiting"
+    assert len(plans) == 3, plans  # the trigger's PERFORM and UPDATE, then the requeue itself
+    assert_jobs_found_by_primary_key(plans[:2])
 
 
 def test_session_switches_plan_mode_only_where_the_kind_of_statement_changes():
