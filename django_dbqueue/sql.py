@@ -228,7 +228,7 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 # WAKEUP_IF_WAITING is on (off, every waiting worker acts on every wake-up, as workers of
 # earlier releases expect).
 SLOT_LOCK = 0x64627300
-WAKEUP_SLOTS = 16
+WAKEUP_SLOTS = 256  # a waiter beyond them holds none and acts on every wake-up
 _NAMED = f"dbqueue_wakeup_payload(%(channel)s, payload, {WAKEUP_SLOTS})"
 NOTIFY_WORKERS_NAMED = NOTIFY_WORKERS.replace(
     "pg_notify(%(channel)s, payload)", f"pg_notify(%(channel)s, {_NAMED})"

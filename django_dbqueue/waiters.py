@@ -46,8 +46,8 @@ So a worker that starts waiting also takes a *slot* of each of its queues (``sql
 the lowest free one of ``sql.WAKEUP_SLOTS`` session-level advisory locks of classes
 ``sql.SLOT_LOCK + slot``, keyed by the hashtext of ``"<channel>:<queue>"``, held and let go of
 with ``WAITING`` (``STOP_WAITING`` drops them all). The sender's statement makes the payload on
-the server (``dbqueue_wakeup_payload``, migration 0014): it tries the slots from the lowest and
-names the held ones, one more than its jobs, ``"<count>/<slot>.<slot>:<queue>"``
+the server (``dbqueue_wakeup_payload``, migration 0014): it tries the slots from the lowest
+(until four free ones in a row) and names the held ones, one more than its jobs, ``"<count>/<slot>.<slot>:<queue>"``
 (``sql.NOTIFY_WORKERS_NAMED``); a worker acts on it when it is named, or holds no slot of the
 queue, or nobody is named (:meth:`Waiting.acts_on`). Naming one more than needed covers a named
 worker that is frozen with its connection open, or that stopped waiting just after the sender

@@ -9,13 +9,16 @@
 # - dbqueue_take_slots(): the worker's side, one slot per queue (NULL where all are taken: such a
 #   worker acts on every wake-up of the queue, as before).
 # - dbqueue_wakeup_payload(): the sender's side. A free slot is found by taking it and letting
-#   go of it at once, so a worker taking a slot at that instant takes the next one instead. A
-#   payload that is not "<count>:<queue>", or a queue where no slot is held, comes back as it
-#   was: every waiting worker acts on it, as before.
+#   go of it at once, so a worker taking a slot at that instant takes the next one instead.
+#   Slots are taken from the lowest, so the held ones sit at the bottom: it stops at the first
+#   run of GAP free slots, and its cost follows the waiters, not WAKEUP_SLOTS. A payload that is
+#   not "<count>:<queue>", or a queue where it found no slot held, comes back as it was: every
+#   waiting worker acts on it, as before.
 
 from django.db import migrations
 
 SLOT_LOCK = 0x64627300  # 'dbs\0' in ASCII; sql.SLOT_LOCK (a test checks they agree)
+GAP = 4  # free slots in a row after which the sender stops looking
 
 FUNCTIONS = f"""
 CREATE FUNCTION dbqueue_take_slots(p_channel text, p_queues text[], p_slots int)
@@ -45,6 +48,7 @@ DECLARE
     head text := split_part(p_payload, ':', 1);
     key int;
     wanted int;
+    free int := 0;
     named text[] := '{{}}';
 BEGIN
     IF head !~ '^[0-9]{{1,9}}$' OR position(':' IN p_payload) = 0 THEN
@@ -55,8 +59,11 @@ BEGIN
     FOR s IN 0 .. p_slots - 1 LOOP
         IF pg_try_advisory_lock({SLOT_LOCK} + s, key) THEN
             PERFORM pg_advisory_unlock({SLOT_LOCK} + s, key);
+            free := free + 1;
+            EXIT WHEN free >= {GAP};
         ELSE
             named := named || s::text;
+            free := 0;
             EXIT WHEN cardinality(named) >= wanted;
         END IF;
     END LOOP;

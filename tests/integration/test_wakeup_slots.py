@@ -59,10 +59,30 @@ def test_waiters_take_the_lowest_free_slots_and_lose_them_with_their_connection(
 
 
 def test_every_slot_taken_leaves_a_waiter_without_one():
-    conns = [direct() for _ in range(sql.WAKEUP_SLOTS + 1)]
+    conns = [direct() for _ in range(4)]
     try:
-        got = [take(conn, ["default"])["default"] for conn in conns]
-        assert got == [*range(sql.WAKEUP_SLOTS), None]
+        got = [
+            conn.execute("SELECT dbqueue_take_slots('dbqueue', ARRAY['default'], 3)").fetchone()[0]
+            for conn in conns
+        ]
+        assert got == [[0], [1], [2], [None]]
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_the_sender_stops_at_a_run_of_free_slots():
+    conns = [direct() for _ in range(6)]
+    try:
+        for conn in conns:
+            take(conn, ["default"])
+        for conn in conns[:5]:
+            conn.execute(sql.STOP_WAITING)  # slots 0..4 free, 5 held
+        assert named("1:default") == "1:default", "four free in a row: it stopped, names nobody"
+        conns[0].close()
+        conns[0] = direct()
+        take(conns[0], ["default"])  # slot 0 again: 1..4 free
+        assert named("1:default") == "1/0:default", "slot 5 is past the run of free ones"
     finally:
         for conn in conns:
             conn.close()
@@ -165,10 +185,15 @@ def _quiet(workers):
 
 
 def test_a_worker_holding_no_slot_acts_on_every_wake_up(slow_poll_settings, start_worker):
-    conns = [direct() for _ in range(sql.WAKEUP_SLOTS)]
+    hog = direct()  # every slot held by one connection that never claims
+    conns = [hog]
     try:
-        for conn in conns:
-            take(conn, ["default"])  # every slot held by a connection that never claims
+        hog.execute(
+            "SELECT count(pg_advisory_lock(%s + s, hashtext('dbqueue:default'))::text) "
+            "FROM generate_series(0, %s - 1) AS s",
+            [sql.SLOT_LOCK, sql.WAKEUP_SLOTS],
+        )
+        assert len(wakeup_slots()) == sql.WAKEUP_SLOTS
         worker = start_worker(queues=["default"], concurrency=1)
         wait_until(lambda: worker.waiting.settled, message="the worker waiting")
         assert worker.waiting.slots == {"default": None}
