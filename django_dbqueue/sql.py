@@ -220,32 +220,6 @@ NOTIFY_WORKERS_AT_COMMIT = """
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
 """
 
-# Wake-ups that name their workers (migration 0014, waiters.py): a waiting worker holds a slot
-# of its queue, one of WAKEUP_SLOTS advisory locks of classes SLOT_LOCK + slot, and the payload,
-# made by the server in the statement that sends it, names the lowest occupied slots, one more
-# than its jobs: "<count>/<slot>.<slot>:<queue>". Only their holders claim, so one job does not
-# send every idle worker into a claim. The three statements above, naming; sent while
-# WAKEUP_IF_WAITING is on (off, every waiting worker acts on every wake-up, as workers of
-# earlier releases expect).
-SLOT_LOCK = 0x64627300
-WAKEUP_SLOTS = 256  # a waiter beyond them holds none and acts on every wake-up
-_NAMED = f"dbqueue_wakeup_payload(%(channel)s, payload, {WAKEUP_SLOTS})"
-NOTIFY_WORKERS_NAMED = NOTIFY_WORKERS.replace(
-    "pg_notify(%(channel)s, payload)", f"pg_notify(%(channel)s, {_NAMED})"
-)
-NOTIFY_ONE_NAMED = NOTIFY_ONE.replace(
-    b"pg_notify($1, $2)", f"pg_notify($1, dbqueue_wakeup_payload($1, $2, {WAKEUP_SLOTS}))".encode()
-)
-NOTIFY_WORKERS_AT_COMMIT_NAMED = NOTIFY_WORKERS_AT_COMMIT.replace(
-    "pg_notify(%(channel)s, payload)", f"pg_notify(%(channel)s, {_NAMED})"
-)
-assert _NAMED in NOTIFY_WORKERS_NAMED and _NAMED in NOTIFY_WORKERS_AT_COMMIT_NAMED
-assert NOTIFY_ONE_NAMED != NOTIFY_ONE
-
-# A worker that starts waiting takes a slot of each of its queues, after START_WAITING went
-# through: the lowest free one (NULL where every slot is held: it then acts on every wake-up).
-TAKE_SLOTS = f"SELECT dbqueue_take_slots(%(channel)s, %(queues)s::text[], {WAKEUP_SLOTS})"
-
 # A worker starts waiting for wake-ups on its queues (waiters.py): WAITING, shared, at session
 # level, one per queue. An enqueue holds WAITING exclusively for an instant only, so the wait is
 # short; the statement's own lock_timeout (per lock) bounds it should a session keep it. Locks

@@ -165,22 +165,13 @@ def insert_jobs(using, *, columns, traceparent=None):
     return _execute(using, sql.INSERT_JOBS, columns)
 
 
-def _naming():
-    """Whether wake-ups name the workers that claim (sql.NOTIFY_WORKERS_NAMED): while
-    ``DBQUEUE["WAKEUP_IF_WAITING"]`` is on."""
-    from .conf import get_settings
-
-    return get_settings().WAKEUP_IF_WAITING is not False
-
-
 def notify_workers(using, *, channel, payloads):
     """Send one notification per payload on ``channel`` as a transaction of its own that does not
     wait for the WAL flush. Only on a connection in autocommit, outside any transaction."""
-    statement = sql.NOTIFY_WORKERS_NAMED if _naming() else sql.NOTIFY_WORKERS
-    _execute(using, statement, {"channel": channel, "payloads": list(payloads)})
+    _execute(using, sql.NOTIFY_WORKERS, {"channel": channel, "payloads": list(payloads)})
 
 
-def commit_and_notify(connection, sends, *, named=None):
+def commit_and_notify(connection, sends):
     """Commit ``connection``'s open transaction (a psycopg connection, Django's underneath) and
     send the wake-ups ``[(channel, payloads), ...]`` after it, in one round trip: the COMMIT and
     one ``sql.NOTIFY_ONE`` per payload go out in one libpq pipeline. The COMMIT is the caller's
@@ -200,7 +191,7 @@ def commit_and_notify(connection, sends, *, named=None):
     """
     from psycopg import errors, pq
 
-    results = _notify_pipeline(connection, sends, commit=True, named=named)
+    results = _notify_pipeline(connection, sends, commit=True)
     if results is False:
         return False
     encoding = connection.info.encoding
@@ -212,14 +203,14 @@ def commit_and_notify(connection, sends, *, named=None):
     return _first_error(results[1:], encoding)
 
 
-def notify_now(connection, sends, *, named=None):
+def notify_now(connection, sends):
     """Send the wake-ups ``[(channel, payloads), ...]`` on ``connection`` (a psycopg connection
     in autocommit, idle: a wake-up sender's own, or Django's outside a transaction) as one
     transaction of their own that does not wait for the WAL flush, in one round trip, driving
     libpq directly as :func:`commit_and_notify` does. Raises what went wrong; returns False,
     having done nothing, when the connection is not idle (a transaction is open: the caller
     must not turn off synchronous commit for it)."""
-    results = _notify_pipeline(connection, sends, commit=False, named=named)
+    results = _notify_pipeline(connection, sends, commit=False)
     if results is False:
         return False
     error = _first_error(results, connection.info.encoding)
@@ -237,10 +228,9 @@ def _first_error(results, encoding):
     return None
 
 
-def _notify_pipeline(connection, sends, *, commit, named):
+def _notify_pipeline(connection, sends, *, commit):
     """Run [COMMIT,] NOTIFY_ONE per payload in one libpq pipeline; the results in order, or
-    False when the connection is not in the state this needs (nothing sent). ``named``: whether
-    the payloads name their workers (NOTIFY_ONE_NAMED; None: as the settings say)."""
+    False when the connection is not in the state this needs (nothing sent)."""
     from psycopg import pq
 
     pgconn = connection.pgconn
@@ -249,8 +239,6 @@ def _notify_pipeline(connection, sends, *, commit, named):
         if pgconn.transaction_status != wanted or pgconn.pipeline_status != pq.PipelineStatus.OFF:
             return False
         encoding = connection.info.encoding
-        named = _naming() if named is None else named
-        statement = sql.NOTIFY_ONE_NAMED if named else sql.NOTIFY_ONE
         pgconn.enter_pipeline_mode()
         try:
             if commit:
@@ -258,7 +246,7 @@ def _notify_pipeline(connection, sends, *, commit, named):
             for channel, payloads in sends:
                 for item in payloads:
                     pgconn.send_query_params(
-                        statement, [channel.encode(encoding), item.encode(encoding)]
+                        sql.NOTIFY_ONE, [channel.encode(encoding), item.encode(encoding)]
                     )
             pgconn.pipeline_sync()
             return _pipeline_results(pgconn)
@@ -305,22 +293,13 @@ def _pipeline_results(pgconn):
 
 def notify_workers_at_commit(using, *, channel, payloads):
     """The same, inside the caller's open transaction: delivered when they commit it."""
-    statement = sql.NOTIFY_WORKERS_AT_COMMIT_NAMED if _naming() else sql.NOTIFY_WORKERS_AT_COMMIT
-    _execute(using, statement, {"channel": channel, "payloads": list(payloads)})
+    _execute(using, sql.NOTIFY_WORKERS_AT_COMMIT, {"channel": channel, "payloads": list(payloads)})
 
 
 def start_waiting(db, queues, *, timeout_ms):
     """Say that this session waits for wake-ups on ``queues`` (waiters.py):
     ``sql.START_WAITING``. Raises ``psycopg.errors.LockNotAvailable`` past ``timeout_ms``."""
     _execute(db, sql.START_WAITING, {"queues": list(queues), "timeout": str(timeout_ms)})
-
-
-def take_slots(db, queues, *, channel):
-    """Take a wake-up slot of each of ``queues`` (``sql.TAKE_SLOTS``): ``{queue: slot or
-    None}`` (None: every slot of it is held; this session then acts on every wake-up)."""
-    queues = list(queues)
-    slots = _execute(db, sql.TAKE_SLOTS, {"channel": channel, "queues": queues})[0][0]
-    return dict(zip(queues, slots, strict=True))
 
 
 def await_enqueuers(db, queues, *, timeout_ms):

@@ -39,23 +39,6 @@ Where a worker's own connection cannot hold a session lock (behind a transaction
 is connected: enqueues then always wake, as before. ``DBQUEUE["WAKEUP_IF_WAITING"] = False``
 makes every enqueue of a due job wake, whoever waits (for a fleet still running workers of a
 release that does not say that it waits).
-
-**Slots: wake-ups that name their workers.** Every waiting worker hears every wake-up of its
-queue; claiming on each would cost a fleet of separate processes one claim per worker per job.
-So a worker that starts waiting also takes a *slot* of each of its queues (``sql.TAKE_SLOTS``):
-the lowest free one of ``sql.WAKEUP_SLOTS`` session-level advisory locks of classes
-``sql.SLOT_LOCK + slot``, keyed by the hashtext of ``"<channel>:<queue>"``, held and let go of
-with ``WAITING`` (``STOP_WAITING`` drops them all). The sender's statement makes the payload on
-the server (``dbqueue_wakeup_payload``, migration 0014): it tries the slots from the lowest
-(until four free ones in a row) and names the held ones, one more than its jobs, ``"<count>/<slot>.<slot>:<queue>"``
-(``sql.NOTIFY_WORKERS_NAMED``); a worker acts on it when it is named, or holds no slot of the
-queue, or nobody is named (:meth:`Waiting.acts_on`). Naming one more than needed covers a named
-worker that is frozen with its connection open, or that stopped waiting just after the sender
-looked: with both gone too, the poll finds the job. Slots stay compact (a worker takes the
-lowest free one, and lets go of it when it stops waiting), so the sender tries few of them.
-Only a worker that waits while it has free threads takes slots (mode ``"dynamic"``): one that
-waits always (``"always"``: a fleet-wide limit, a small prefetch) also waits with every thread
-busy, and a wake-up naming it would wait for it while others idle; it acts on every wake-up.
 """
 
 import contextlib
@@ -143,7 +126,6 @@ class Waiting:
         self.held_on = None  # the connection START_WAITING ran on (its locks, whole or in part)
         self.started = False  # ... and went through: WAITING is held for every queue
         self.settled = False  # ... and AWAIT_ENQUEUERS went through: the next claim misses nothing
-        self.slots = {}  # queue -> the wake-up slot held on that connection (None: none free)
         self.retry_at = 0.0
         self._failing_since = None
 
@@ -151,7 +133,7 @@ class Waiting:
         """The state of the Session's connection: none of it once that connection is gone."""
         conn = self.session.conn
         if self.held_on is not None and (conn is not self.held_on or conn.closed):
-            self.held_on, self.started, self.settled, self.slots = None, False, False, {}
+            self.held_on, self.started, self.settled = None, False, False
         return conn
 
     def before_claim(self, now=None):
@@ -167,10 +149,6 @@ class Waiting:
             if not self.started:
                 self.held_on = self.session.connection()
                 start(self.session, self.queues)
-                if self.mode == "dynamic":  # "always" waits with its threads full too
-                    self.slots = store.take_slots(
-                        self.session, self.queues, channel=get_settings().NOTIFY_CHANNEL
-                    )
                 self.started = True
             settled = await_enqueuers(self.session, self.queues)
         except psycopg.Error as exc:
@@ -216,17 +194,7 @@ class Waiting:
         conn = self._current()
         if self.held_on is not None and conn is not None and not conn.closed:
             store.stop_waiting(self.session)  # on the connection that holds them, never a new one
-        self.held_on, self.started, self.settled, self.slots = None, False, False, {}
-
-    def acts_on(self, queue, named):
-        """Whether a wake-up for ``queue`` naming the slots ``named`` (None: nobody) is this
-        worker's to act on: it names nobody, or this worker's slot of the queue, or this worker
-        holds no slot of it (it does not wait, or every slot was taken when it started to)."""
-        if named is None:
-            return True
-        self._current()
-        slot = self.slots.get(queue)
-        return slot is None or slot in named
+        self.held_on, self.started, self.settled = None, False, False
 
     def next_try(self):
         """When the worker should claim next to start waiting (:meth:`before_claim` runs first),
@@ -242,8 +210,7 @@ class Waiting:
         with contextlib.suppress(psycopg.Error):
             self._stop()
         self.held_on, self.started, self.settled, self.wanted = None, False, False, False
-        self.slots = {}
 
     def reset(self):
         """The connection was lost, and the locks with it."""
-        self.held_on, self.started, self.settled, self.slots = None, False, False, {}
+        self.held_on, self.started, self.settled = None, False, False

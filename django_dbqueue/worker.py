@@ -37,7 +37,7 @@ from .execution import make_pool, retry_delay
 from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
 from .maintenance import Maintenance
-from .notifications import Listener, Wakeup, parse_cancel, parse_named, parse_wakeup
+from .notifications import Listener, Wakeup, parse_cancel, parse_wakeup
 from .rollup import Rollup
 from .scheduler import Scheduler
 from .shutdown import shut_down
@@ -427,12 +427,7 @@ class Worker:
             return
         if self.stopping.is_set():
             return  # no more claims: a wake-up only matters to a cancel, handled above
-        if payload is None:
-            self._claim_next = True
-            self._wakeup.set()
-            return
-        queue = parse_wakeup(payload)[0]
-        if queue in self.queues and self.waiting.acts_on(queue, parse_named(payload)):
+        if payload is None or parse_wakeup(payload)[0] in self.queues:
             self._claim_next = True
             self._wakeup.set()
 

@@ -131,37 +131,6 @@ WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objsubid = 2 AND l.mode =
 """
 
 
-WAKEUP_SLOTS = """
-SELECT l.classid::bigint - %s AS slot, l.pid FROM pg_locks AS l
-WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.mode = 'ExclusiveLock' AND l.granted
-  AND l.classid::bigint BETWEEN %s AND %s
-  AND l.objid = (hashtext(%s)::bigint & 4294967295)::oid
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-"""
-
-
-def wakeup_slots(queue="default", channel="dbqueue"):
-    """``{slot: backend pid}`` of the wake-up slots held on ``queue`` (waiters.py)."""
-    from django.db import connection
-
-    from django_dbqueue import sql
-
-    with connection.cursor() as cursor:
-        base = sql.SLOT_LOCK
-        cursor.execute(
-            WAKEUP_SLOTS, [base, base, base + sql.WAKEUP_SLOTS - 1, f"{channel}:{queue}"]
-        )
-        return dict(cursor.fetchall())
-
-
-def unnamed(payloads):
-    """Wake-up payloads without the slots they name (``"1/0.1:q"`` -> ``"1:q"``)."""
-    return [
-        p.split("/", 1)[0] + ":" + p.split(":", 1)[1] if "/" in p.split(":", 1)[0] else p
-        for p in payloads
-    ]
-
-
 def wakeup_waiters(queue="default"):
     """Backend pids that say they wait for wake-ups on ``queue`` (waiters.py)."""
     from django_dbqueue import sql
