@@ -68,7 +68,7 @@ def sides(conn):
 
     def commit_pipelined():
         conn.execute("SELECT 1")
-        failed = store.commit_and_notify(conn, [(CHANNEL, PAYLOADS)])
+        failed = store.commit_and_notify(conn, [(CHANNEL, PAYLOADS)], named=False)
         if failed is not None:
             raise RuntimeError(f"the wake-up failed: {failed!r}")
 

@@ -14,6 +14,11 @@ are counted by the workers themselves (each prints ``N claims (M empty)`` when i
 claims a fleet makes by starting and stopping are measured in a run without jobs and subtracted.
 
     python benchmarks/idle_fleet.py [--workers 20] [--jobs 200] [--gap 0.05] [--idle 20]
+        [--concurrency 2] [--job-ms 0]
+
+With ``--job-ms`` the trickle's jobs sleep that long, so that workers are busy while jobs arrive
+(with ``--concurrency 1``, a worker's only thread): a fleet under a moderate load. It also
+reports how long the trickle's jobs waited to start (``started_at - run_after``), p50 and p99.
 
 Targets (issue 8): at most 2 dedicated connections per worker process, at most 3 claims per job.
 """
@@ -75,13 +80,13 @@ def prepare_database(url, name, env):
 class Fleet:
     started = []  # every fleet of this run: killed on the way out, should a step fail
 
-    def __init__(self, mode, workers, env, logdir):
+    def __init__(self, mode, workers, env, logdir, concurrency=2):
         Fleet.started.append(self)
         self.mode = mode
         self.logs = []
         self.processes = []
         base = [sys.executable, "-m", "django", "run_jobqueue", "--settings",
-                "benchmarks.fleet_settings", "--concurrency", "2"]  # fmt: skip
+                "benchmarks.fleet_settings", "--concurrency", str(concurrency)]  # fmt: skip
         commands = (
             [base] * workers if mode == "separate" else [[*base, "--processes", str(workers)]]
         )
@@ -224,13 +229,16 @@ def close_django_connections():
     connections.close_all()
 
 
-def trickle(jobs, gap):
+def trickle(jobs, gap, job_ms=0.0):
     from django_dbqueue import enqueue
 
     ids = []
     next_at = time.monotonic()
     for _ in range(jobs):
-        ids.append(enqueue("bench-noop").id)
+        if job_ms:
+            ids.append(enqueue("bench-sleep", {"sleep": job_ms / 1000.0}).id)
+        else:
+            ids.append(enqueue("bench-noop").id)
         next_at += gap
         time.sleep(max(0.0, next_at - time.monotonic()))
     return ids
@@ -238,16 +246,16 @@ def trickle(jobs, gap):
 
 def run_mode(mode, args, env, admin, logdir):
     # Start-up and shutdown claims, without jobs.
-    fleet = Fleet(mode, args.workers, env, logdir)
+    fleet = Fleet(mode, args.workers, env, logdir, args.concurrency)
     settle(admin, args.database, args.workers, mode)
     base_claims, _ = fleet.stop()
 
-    fleet = Fleet(mode, args.workers, env, logdir)
+    fleet = Fleet(mode, args.workers, env, logdir, args.concurrency)
     total, listeners, _busy = settle(admin, args.database, args.workers, mode)
     cpu_before, t0 = fleet.cpu_seconds(), time.monotonic()
     time.sleep(args.idle)
     cpu_per_minute = (fleet.cpu_seconds() - cpu_before) / (time.monotonic() - t0) * 60
-    ids = trickle(args.jobs, args.gap)
+    ids = trickle(args.jobs, args.gap, args.job_ms)
     close_django_connections()  # this process's own connection is not the fleet's
     wait_until(
         lambda: (
@@ -261,9 +269,14 @@ def run_mode(mode, args, env, admin, logdir):
     )
     claims, empty = fleet.stop()
     claims_per_job = (claims - base_claims) / args.jobs
+    wait_p50, wait_p99 = admin.execute(
+        "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY "
+        "extract(epoch FROM started_at - run_after) * 1000) FROM dbqueue_job WHERE id = ANY(%s)",
+        [ids],
+    ).fetchone()[0]
     rate = per_core = None
     if args.drain:
-        fleet = Fleet(mode, args.workers, env, logdir)
+        fleet = Fleet(mode, args.workers, env, logdir, args.concurrency)
         settle(admin, args.database, args.workers, mode)
         rate, per_core = drain(admin, args.drain)
         close_django_connections()
@@ -279,6 +292,8 @@ def run_mode(mode, args, env, admin, logdir):
         "cpu_per_idle_minute": cpu_per_minute,
         "claims_per_job": claims_per_job,
         "empty_share": empty / claims if claims else 0.0,
+        "wait_p50_ms": wait_p50,
+        "wait_p99_ms": wait_p99,
     }
 
 
@@ -290,6 +305,8 @@ def main(argv=None):
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of idle CPU measured")
     parser.add_argument("--database", default="dbqueue_bench_fleet")
     parser.add_argument("--modes", default="separate,group")
+    parser.add_argument("--concurrency", type=int, default=2, help="threads per worker process")
+    parser.add_argument("--job-ms", type=float, default=0.0, help="how long each job sleeps")
     parser.add_argument(
         "--drain", type=int, default=20000, help="no-op jobs the fleet drains (0: skip)"
     )
@@ -323,12 +340,13 @@ def main(argv=None):
 
     print()
     print(
-        f"{args.workers} idle worker processes (concurrency 2); trickle: {args.jobs} jobs, one "
-        f"every {args.gap * 1000:g} ms; idle CPU over {args.idle:g} s"
+        f"{args.workers} idle worker processes (concurrency {args.concurrency}); trickle: "
+        f"{args.jobs} jobs of {args.job_ms:g} ms, one every {args.gap * 1000:g} ms; idle CPU over "
+        f"{args.idle:g} s"
     )
     header = (
         f"{'mode':<10} {'connections':>11} {'per process':>11} {'listeners':>9} "
-        f"{'CPU s/idle min':>14} {'claims/job':>10}   target"
+        f"{'CPU s/idle min':>14} {'claims/job':>10} {'start p50/p99 ms':>16}   target"
     )
     print(header)
     for r in results:
@@ -336,6 +354,7 @@ def main(argv=None):
         print(
             f"{r['mode']:<10} {r['connections']:>11} {r['per_process']:>11.2f} "
             f"{r['listeners']:>9} {r['cpu_per_idle_minute']:>14.2f} {r['claims_per_job']:>10.2f}"
+            f" {r['wait_p50_ms']:>7.2f}/{r['wait_p99_ms']:<8.2f}"
             f"   <= 2 conn/process, <= 3 claims/job: {'PASS' if ok else 'MISS'}"
         )
     if args.drain:

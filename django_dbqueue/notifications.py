@@ -12,8 +12,11 @@ listener reconnecting, PgBouncer in transaction mode, ``DBQUEUE["LISTEN"] = Fals
 heartbeat tells it of a cancel within ``HEARTBEAT_INTERVAL``. So the listener never needs to be
 exact, only quick and self-healing.
 
-Payloads on the channel: ``"<count>:<queue>"`` (jobs ready, wakeup.py), a bare queue name (from
-SQL: workflow releases), and ``"cancel:<id>,<id>,..."`` (jobs whose cancel was asked for while
+Payloads on the channel: ``"<count>:<queue>"`` (jobs ready, wakeup.py), the same naming the
+workers that are to claim, ``"<count>/<slot>.<slot>:<queue>"`` (waiters.py: a worker that holds
+a slot of the queue and is not named leaves the jobs to those that are; an older worker reads
+it as a queue it does not serve, hence WAKEUP_IF_WAITING = False for a rollout), a bare queue
+name (from SQL: workflow releases), and ``"cancel:<id>,<id>,..."`` (jobs whose cancel was asked for while
 they run; wakeup.jobs_cancelled). An older worker reads the last as a queue it does not serve
 and ignores it (``parse_wakeup``), so a fleet can be upgraded one worker at a time.
 """
@@ -34,17 +37,43 @@ from .connections import connect, connection_params
 logger = logging.getLogger("django_dbqueue.notifications")
 
 
+def _number(text):
+    return text.isascii() and text.isdigit()  # isdigit() alone takes "²", which int() refuses
+
+
+def _parts(payload):
+    """``(queue, count, named)`` of a wake-up's payload, or None for a bare queue name."""
+    head, sep, queue = payload.partition(":")
+    if not sep:
+        return None
+    count, slash, named = head.partition("/")
+    if not _number(count):
+        return None
+    if not slash:
+        return queue, int(count), None
+    slots = named.split(".")
+    if not all(_number(slot) for slot in slots):
+        return None
+    return queue, int(count), frozenset(int(slot) for slot in slots)
+
+
 def parse_wakeup(payload):
-    """``(queue, count)`` from a notification's payload ``"<count>:<queue>"`` (wakeup.py).
+    """``(queue, count)`` from a notification's payload ``"<count>:<queue>"`` or, naming the
+    workers that are to claim, ``"<count>/<slot>.<slot>:<queue>"`` (wakeup.py, waiters.py).
 
     The count is how many jobs became ready on that queue, so a group of workers can wake as many
-    of them as there are jobs. A payload whose head before the first ``:`` is not a number is an
+    of them as there are jobs. A payload whose head before the first ``:`` is neither is an
     older sender's bare queue name, counted as one job.
     """
-    head, sep, queue = payload.partition(":")
-    if sep and head.isascii() and head.isdigit():  # isdigit() alone takes "²", which int() refuses
-        return queue, int(head)
-    return payload, 1
+    parts = _parts(payload)
+    return (payload, 1) if parts is None else parts[:2]
+
+
+def parse_named(payload):
+    """The wake-up slots a payload names (a frozenset of ints), or None: it names nobody, and
+    every worker waiting on its queue acts on it."""
+    parts = _parts(payload)
+    return None if parts is None else parts[2]
 
 
 CANCEL_PREFIX = "cancel:"

@@ -220,6 +220,37 @@ NOTIFY_WORKERS_AT_COMMIT = """
 SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
 """
 
+# Wake-ups that name their workers (migration 0014, waiters.py): a waiting worker with a free
+# thread holds a slot of its queue, one of WAKEUP_SLOTS session advisory locks keyed by
+# hashtextextended('<channel>:<queue>', slot), and the payload, made by the server in the
+# statement that sends it, names as many of the lowest held slots as it has jobs plus one held
+# slot at random from the rest: "<count>/<slot>.<slot>:<queue>". Only their holders claim, so
+# one job does not send every idle worker into a claim. The two statements sent after a commit,
+# naming; sent while WAKEUP_IF_WAITING is on (off, every waiting worker acts on every wake-up,
+# as workers of earlier releases expect). A wake-up that rides in the caller's own transaction
+# (NOTIFY_WORKERS_AT_COMMIT) names nobody: the workers it would name are the ones of the
+# statement's instant, not of the commit's, and the caller's transaction runs nothing of ours
+# that an unapplied migration could fail.
+WAKEUP_SLOTS = 256  # a waiter beyond them holds none and acts on every wake-up
+_NAMED = f"dbqueue_wakeup_payload(%(channel)s, payload, {WAKEUP_SLOTS})"
+NOTIFY_WORKERS_NAMED = NOTIFY_WORKERS.replace(
+    "pg_notify(%(channel)s, payload)", f"pg_notify(%(channel)s, {_NAMED})"
+)
+NOTIFY_ONE_NAMED = NOTIFY_ONE.replace(
+    b"pg_notify($1, $2)", f"pg_notify($1, dbqueue_wakeup_payload($1, $2, {WAKEUP_SLOTS}))".encode()
+)
+assert _NAMED in NOTIFY_WORKERS_NAMED
+assert NOTIFY_ONE_NAMED != NOTIFY_ONE
+
+# A waiting worker with a free thread takes a slot of each of its queues: the lowest free one
+# (NULL where every slot is held: it then acts on every wake-up). It gives them back when every
+# thread is busy (GIVE_SLOTS), or with the rest of its locks when it stops waiting.
+TAKE_SLOTS = f"SELECT dbqueue_take_slots(%(channel)s, %(queues)s::text[], {WAKEUP_SLOTS})"
+GIVE_SLOTS = """
+SELECT count(pg_advisory_unlock(hashtextextended(%(channel)s || ':' || q, s))::text)
+FROM unnest(%(queues)s::text[], %(slots)s::int[]) AS given (q, s)
+"""
+
 # A worker starts waiting for wake-ups on its queues (waiters.py): WAITING, shared, at session
 # level, one per queue. An enqueue holds WAITING exclusively for an instant only, so the wait is
 # short; the statement's own lock_timeout (per lock) bounds it should a session keep it. Locks

@@ -165,13 +165,55 @@ def insert_jobs(using, *, columns, traceparent=None):
     return _execute(using, sql.INSERT_JOBS, columns)
 
 
+_NAMING_MISSING = []  # a named wake-up found migration 0014's function missing (see _missing)
+
+
+def _naming():
+    """Whether wake-ups name the workers that claim (sql.NOTIFY_WORKERS_NAMED): while
+    ``DBQUEUE["WAKEUP_IF_WAITING"]`` is on, and the function that names them is there."""
+    from .conf import get_settings
+
+    return not _NAMING_MISSING and get_settings().WAKEUP_IF_WAITING is not False
+
+
+def _missing(error):
+    """Whether ``error`` says that ``dbqueue_wakeup_payload()`` does not exist: the migration
+    that adds it (0014) is not applied yet. This process then stops naming (until it restarts)
+    and the caller sends the wake-up again as earlier releases did, so that a deployment whose
+    code runs before its migration loses no wake-up."""
+    from psycopg import errors
+
+    cause = error.__cause__ if not isinstance(error, errors.Error) else error  # Django wraps
+    if not isinstance(cause, errors.UndefinedFunction) or "dbqueue_wakeup_payload" not in str(
+        cause
+    ):
+        return False
+    if not _NAMING_MISSING:
+        _NAMING_MISSING.append(True)
+        logger.warning(
+            "dbqueue: wake-ups cannot name their workers before migration "
+            "django_dbqueue.0014_wakeup_slots is applied (%s); this process wakes every "
+            "waiting worker until it restarts",
+            error,
+        )
+    return True
+
+
 def notify_workers(using, *, channel, payloads):
     """Send one notification per payload on ``channel`` as a transaction of its own that does not
     wait for the WAL flush. Only on a connection in autocommit, outside any transaction."""
-    _execute(using, sql.NOTIFY_WORKERS, {"channel": channel, "payloads": list(payloads)})
+    params = {"channel": channel, "payloads": list(payloads)}
+    if _naming():
+        try:
+            _execute(using, sql.NOTIFY_WORKERS_NAMED, params)
+            return
+        except Exception as exc:  # psycopg's, or Django's wrapping it
+            if not _missing(exc):
+                raise
+    _execute(using, sql.NOTIFY_WORKERS, params)
 
 
-def commit_and_notify(connection, sends):
+def commit_and_notify(connection, sends, *, named=None):
     """Commit ``connection``'s open transaction (a psycopg connection, Django's underneath) and
     send the wake-ups ``[(channel, payloads), ...]`` after it, in one round trip: the COMMIT and
     one ``sql.NOTIFY_ONE`` per payload go out in one libpq pipeline. The COMMIT is the caller's
@@ -191,7 +233,7 @@ def commit_and_notify(connection, sends):
     """
     from psycopg import errors, pq
 
-    results = _notify_pipeline(connection, sends, commit=True)
+    results = _notify_pipeline(connection, sends, commit=True, named=named)
     if results is False:
         return False
     encoding = connection.info.encoding
@@ -200,21 +242,29 @@ def commit_and_notify(connection, sends):
         if commit is not None and commit.status == pq.ExecStatus.FATAL_ERROR:
             raise errors.error_from_result(commit, encoding=encoding)
         raise errors.OperationalError("the COMMIT's result did not come back")
-    return _first_error(results[1:], encoding)
+    error = _first_error(results[1:], encoding)
+    if error is not None and _missing(error):
+        try:
+            return notify_now(connection, sends, named=False) or None
+        except Exception as again:
+            return again
+    return error
 
 
-def notify_now(connection, sends):
+def notify_now(connection, sends, *, named=None):
     """Send the wake-ups ``[(channel, payloads), ...]`` on ``connection`` (a psycopg connection
     in autocommit, idle: a wake-up sender's own, or Django's outside a transaction) as one
     transaction of their own that does not wait for the WAL flush, in one round trip, driving
     libpq directly as :func:`commit_and_notify` does. Raises what went wrong; returns False,
     having done nothing, when the connection is not idle (a transaction is open: the caller
     must not turn off synchronous commit for it)."""
-    results = _notify_pipeline(connection, sends, commit=False)
+    results = _notify_pipeline(connection, sends, commit=False, named=named)
     if results is False:
         return False
     error = _first_error(results, connection.info.encoding)
     if error is not None:
+        if named is not False and _missing(error):
+            return notify_now(connection, sends, named=False)
         raise error
     return None
 
@@ -228,9 +278,10 @@ def _first_error(results, encoding):
     return None
 
 
-def _notify_pipeline(connection, sends, *, commit):
+def _notify_pipeline(connection, sends, *, commit, named):
     """Run [COMMIT,] NOTIFY_ONE per payload in one libpq pipeline; the results in order, or
-    False when the connection is not in the state this needs (nothing sent)."""
+    False when the connection is not in the state this needs (nothing sent). ``named``: whether
+    the payloads name their workers (NOTIFY_ONE_NAMED; None: as the settings say)."""
     from psycopg import pq
 
     pgconn = connection.pgconn
@@ -239,6 +290,8 @@ def _notify_pipeline(connection, sends, *, commit):
         if pgconn.transaction_status != wanted or pgconn.pipeline_status != pq.PipelineStatus.OFF:
             return False
         encoding = connection.info.encoding
+        named = _naming() if named is None else named
+        statement = sql.NOTIFY_ONE_NAMED if named else sql.NOTIFY_ONE
         pgconn.enter_pipeline_mode()
         try:
             if commit:
@@ -246,7 +299,7 @@ def _notify_pipeline(connection, sends, *, commit):
             for channel, payloads in sends:
                 for item in payloads:
                     pgconn.send_query_params(
-                        sql.NOTIFY_ONE, [channel.encode(encoding), item.encode(encoding)]
+                        statement, [channel.encode(encoding), item.encode(encoding)]
                     )
             pgconn.pipeline_sync()
             return _pipeline_results(pgconn)
@@ -300,6 +353,22 @@ def start_waiting(db, queues, *, timeout_ms):
     """Say that this session waits for wake-ups on ``queues`` (waiters.py):
     ``sql.START_WAITING``. Raises ``psycopg.errors.LockNotAvailable`` past ``timeout_ms``."""
     _execute(db, sql.START_WAITING, {"queues": list(queues), "timeout": str(timeout_ms)})
+
+
+def take_slots(db, queues, *, channel):
+    """Take a wake-up slot of each of ``queues`` (``sql.TAKE_SLOTS``): ``{queue: slot or
+    None}`` (None: every slot of it is held; this session then acts on every wake-up)."""
+    queues = list(queues)
+    slots = _execute(db, sql.TAKE_SLOTS, {"channel": channel, "queues": queues})[0][0]
+    return dict(zip(queues, slots, strict=True))
+
+
+def give_slots(db, slots, *, channel):
+    """Let go of the wake-up slots ``{queue: slot}`` (``sql.GIVE_SLOTS``) held by ``db``."""
+    queues = [queue for queue, slot in slots.items() if slot is not None]
+    if queues:
+        params = {"channel": channel, "queues": queues, "slots": [slots[q] for q in queues]}
+        _execute(db, sql.GIVE_SLOTS, params)
 
 
 def await_enqueuers(db, queues, *, timeout_ms):

@@ -39,6 +39,35 @@ Where a worker's own connection cannot hold a session lock (behind a transaction
 is connected: enqueues then always wake, as before. ``DBQUEUE["WAKEUP_IF_WAITING"] = False``
 makes every enqueue of a due job wake, whoever waits (for a fleet still running workers of a
 release that does not say that it waits).
+
+**Slots: wake-ups that name their workers.** Every waiting worker hears every wake-up of its
+queue; claiming on each would cost a fleet of separate processes one claim per worker per job.
+So a waiting worker that has a free thread also holds a *slot* of each of its queues
+(``sql.TAKE_SLOTS``): the lowest free one of ``sql.WAKEUP_SLOTS`` session-level advisory locks,
+slot ``s`` keyed by ``hashtextextended('<channel>:<queue>', s)``. It gives them back when its
+last free thread takes a job (``sql.GIVE_SLOTS``) and takes them again when a thread frees
+(:meth:`Waiting.sync_slots`); ``STOP_WAITING`` drops them with the rest. The sender's
+statement makes the payload on the server (``dbqueue_wakeup_payload``, migration 0014): it
+tries the slots from the lowest until four free ones in a row and names as many of the held
+ones as it has jobs, plus one more held slot at random: ``"<count>/<slot>.<slot>:<queue>"``
+(``sql.NOTIFY_WORKERS_NAMED``). Where it found fewer held slots than that, it names nobody.
+
+A worker acts on a wake-up (:meth:`Waiting.acts_on`) when it has a free thread and the
+payload names it, or names nobody, or the worker holds no slot of the queue (it has not taken
+one yet, or all were taken). A worker whose every thread is busy claims nothing for it: a job
+claimed then would wait in its buffer while idle workers sleep. When the wake-up was for it
+(named, or naming nobody), it claims once a thread frees instead (the worker's ``_missed``).
+
+The one at random covers a named worker frozen with its connection open (SIGSTOP, a debugger),
+one that lost its last free thread just after the sender looked, and the backends of a host
+that died, which hold their slots until the server notices: ``dbqueue_take_slots`` shortens its
+session's TCP keepalives to about a minute. When the random one fails too, the poll finds the
+job. Slots stay compact (a worker takes the lowest free one), so the sender tries few of them.
+Only workers that wait while they have free threads take slots (mode ``"dynamic"``, and not a
+``--processes`` child, whose group listener picks the workers to wake); one that waits always
+(``"always"``: a fleet-wide limit, a small prefetch) takes none and acts whenever it has a free
+thread. A wake-up sent in a transaction the caller commits by hand names nobody
+(``sql.NOTIFY_WORKERS_AT_COMMIT``).
 """
 
 import contextlib
@@ -110,7 +139,9 @@ class Waiting:
     must follow. ``mode``: ``"dynamic"`` (waits while its last claim came back short),
     ``"always"`` (waits whenever it is connected: a worker that claims for free threads only,
     under a fleet-wide limit or with a prefetch below its threads, wants every wake-up), or
-    ``None`` (it does not say: it does not listen, or its listener holds the locks).
+    ``None`` (it does not say: it does not listen, or its listener holds the locks). With
+    ``slots`` (and mode ``"dynamic"``) it also holds a wake-up slot of each queue while it waits
+    and has a free thread (:meth:`sync_slots`).
 
     The loop calls :meth:`before_claim` right before each claim and :meth:`after_claim` after
     it, and claims by :meth:`next_try` at the latest. The locks belong to one connection: when
@@ -118,7 +149,7 @@ class Waiting:
     the worker says it again before its next claim.
     """
 
-    def __init__(self, session, queues, mode):
+    def __init__(self, session, queues, mode, *, slots=True):
         self.session = session
         self.queues = sorted(set(queues))
         self.mode = mode if self.queues else None
@@ -126,6 +157,8 @@ class Waiting:
         self.held_on = None  # the connection START_WAITING ran on (its locks, whole or in part)
         self.started = False  # ... and went through: WAITING is held for every queue
         self.settled = False  # ... and AWAIT_ENQUEUERS went through: the next claim misses nothing
+        self.use_slots = slots  # (and mode "dynamic": see takes_slots)
+        self.slots = None  # {queue: slot held on that connection, or None: all were taken}
         self.retry_at = 0.0
         self._failing_since = None
 
@@ -133,7 +166,7 @@ class Waiting:
         """The state of the Session's connection: none of it once that connection is gone."""
         conn = self.session.conn
         if self.held_on is not None and (conn is not self.held_on or conn.closed):
-            self.held_on, self.started, self.settled = None, False, False
+            self.held_on, self.started, self.settled, self.slots = None, False, False, None
         return conn
 
     def before_claim(self, now=None):
@@ -194,7 +227,64 @@ class Waiting:
         conn = self._current()
         if self.held_on is not None and conn is not None and not conn.closed:
             store.stop_waiting(self.session)  # on the connection that holds them, never a new one
-        self.held_on, self.started, self.settled = None, False, False
+        self.held_on, self.started, self.settled, self.slots = None, False, False, None
+
+    @property
+    def takes_slots(self):
+        """Whether this worker holds wake-up slots while it waits with a free thread: one that
+        waits only while its claims come back short, and that no group listener wakes."""
+        return self.use_slots and self.mode == "dynamic"
+
+    def wants_sync(self, free_thread):
+        """Whether :meth:`sync_slots` has something to do: take slots (it waits, with a free
+        thread, and holds none) or give them back (its last free thread took a job)."""
+        if not self.takes_slots or not self.started:
+            return False
+        return free_thread != (self.slots is not None)
+
+    def sync_slots(self, free_thread):
+        """Hold the slots while it waits with a free thread, and only then (the loop, between
+        its steps, on the Session's connection). Raises what a lost connection raised; another
+        error (migration 0014 not applied, say) turns slots off for this worker, which then acts
+        on every wake-up as before."""
+        self._current()
+        if not self.wants_sync(free_thread):
+            return
+        channel = get_settings().NOTIFY_CHANNEL
+        try:
+            if free_thread:
+                self.slots = store.take_slots(self.session, self.queues, channel=channel)
+            else:
+                slots, self.slots = self.slots, None
+                store.give_slots(self.session, slots, channel=channel)
+        except psycopg.Error as exc:
+            if _lost(self.session):
+                raise
+            self.use_slots = False
+            logger.warning(
+                "dbqueue worker cannot hold wake-up slots (%s); it acts on every wake-up of its "
+                "queues (is migration django_dbqueue.0014_wakeup_slots applied?)",
+                exc,
+            )
+            with contextlib.suppress(psycopg.Error):
+                if self.slots is not None:
+                    store.give_slots(self.session, self.slots, channel=channel)
+            self.slots = None
+
+    def acts_on(self, queue, named, *, free_thread):
+        """What to do about a wake-up for ``queue`` naming the slots ``named`` (None: nobody):
+        True, claim now; None, claim once a thread is free (it is this worker's, but every
+        thread is busy); False, not this worker's. It is this worker's when it names nobody, or
+        names this worker's slot of the queue, or this worker holds no slot of it (it has not
+        taken one yet, all were taken, or it takes none)."""
+        if named is not None:
+            self._current()
+            slot = None if self.slots is None else self.slots.get(queue)
+            if slot is not None and slot not in named:
+                return False
+            if slot is None and not free_thread:
+                return False  # named others, which have a free thread
+        return True if free_thread else None
 
     def next_try(self):
         """When the worker should claim next to start waiting (:meth:`before_claim` runs first),
@@ -210,7 +300,8 @@ class Waiting:
         with contextlib.suppress(psycopg.Error):
             self._stop()
         self.held_on, self.started, self.settled, self.wanted = None, False, False, False
+        self.slots = None
 
     def reset(self):
         """The connection was lost, and the locks with it."""
-        self.held_on, self.started, self.settled = None, False, False
+        self.held_on, self.started, self.settled, self.slots = None, False, False, None

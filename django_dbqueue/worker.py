@@ -37,7 +37,7 @@ from .execution import make_pool, retry_delay
 from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
 from .maintenance import Maintenance
-from .notifications import Listener, Wakeup, parse_cancel, parse_wakeup
+from .notifications import Listener, Wakeup, parse_cancel, parse_named, parse_wakeup
 from .rollup import Rollup
 from .scheduler import Scheduler
 from .shutdown import shut_down
@@ -114,6 +114,7 @@ class Worker:
         self._keyed_due = False  # ... and at once when keyed jobs ended (Worker.finished)
         self._keyed_ended = False  # a keyed job ended since the last claim
         self._cut = False  # the last claim left keyed jobs out for want of free threads
+        self._missed = False  # a wake-up for us came while every thread was busy: claim later
         self._next_poll = 0.0  # ... or at the latest at the poll
         self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
         self._signals = 0
@@ -166,6 +167,7 @@ class Worker:
             self._waiting_mode(conf)
             if self.listen and not burst and (conf.LISTEN_DATABASE or self.using) == self.using
             else None,
+            slots=waker is None,  # a group's listener picks whom to wake: its workers hold none
         )
         self.sweeper = Sweeper(self.using, conf=conf, db=self.session)
         self.scheduler = Scheduler(self.using, conf=conf)
@@ -373,8 +375,12 @@ class Worker:
         keyed_due = self._keyed_ended and (
             not occupied or self.concurrency - occupied >= (self.concurrency + 1) // 2
         )
+        missed = self._missed and occupied < self.concurrency
+        if missed:
+            self._missed = False
         if (
-            (self._want_capacity and free >= self._min_batch)
+            missed  # a wake-up came while every thread was busy: claim for it now
+            or (self._want_capacity and free >= self._min_batch)
             or (self.burst and not occupied)
             or self._held  # a fleet-wide limit was full: this job's slot may be ours again
             or keyed_due
@@ -386,6 +392,8 @@ class Worker:
             # that wait while slots are still busy).
             self._acks_ready.set()
             self._wakeup.set()
+        elif self.waiting.wants_sync(occupied < self.concurrency):
+            self._wakeup.set()  # a thread is free again: the loop takes the wake-up slots back
 
     def _write_done(self, done):
         """Write ``done`` on its own (the acknowledger's usual path, with its retries)."""
@@ -427,7 +435,26 @@ class Worker:
             return
         if self.stopping.is_set():
             return  # no more claims: a wake-up only matters to a cancel, handled above
-        if payload is None or parse_wakeup(payload)[0] in self.queues:
+        if payload is None:
+            self._claim_next = True
+            self._wakeup.set()
+            return
+        queue = parse_wakeup(payload)[0]
+        if queue not in self.queues:
+            return
+        act = self.waiting.acts_on(
+            queue, parse_named(payload), free_thread=self.inflight.occupied() < self.concurrency
+        )
+        if act is None:
+            # Ours, but every thread is busy: claiming now would hold the job in our buffer
+            # while idle workers sleep. Claim when a thread frees (finished); look again in
+            # case one did just now, before finished() could see the flag.
+            self._missed = True
+            if self.inflight.occupied() >= self.concurrency:
+                return
+            self._missed = False
+            act = True
+        if act:
             self._claim_next = True
             self._wakeup.set()
 
@@ -591,6 +618,12 @@ class Worker:
                         self._next_poll = min(self._next_poll, self._reopen_at)
                     if (retry := self.waiting.next_try()) is not None:
                         self._next_poll = min(self._next_poll, retry)
+                # Hold the wake-up slots while waiting with a free thread, and only then
+                # (waiters.py): given back as the claim took the last free one, taken again
+                # when a handler frees one (finished wakes the loop for it).
+                free_thread = self.inflight.occupied() < self.concurrency
+                if self.waiting.wants_sync(free_thread):
+                    self.waiting.sync_slots(free_thread)
                 errors = 0
             except DB_ERRORS as exc:
                 errors += 1

@@ -131,6 +131,28 @@ WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objsubid = 2 AND l.mode =
 """
 
 
+WAKEUP_SLOTS = """
+SELECT s.slot, l.pid
+FROM generate_series(0, %(slots)s - 1) AS s (slot)
+CROSS JOIN LATERAL (SELECT hashtextextended(%(name)s, s.slot) AS k) AS h
+JOIN pg_locks AS l
+  ON l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ExclusiveLock' AND l.granted
+ AND l.classid = ((h.k >> 32) & 4294967295)::oid AND l.objid = (h.k & 4294967295)::oid
+ AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
+
+
+def wakeup_slots(queue="default", channel="dbqueue"):
+    """``{slot: backend pid}`` of the wake-up slots held on ``queue`` (waiters.py)."""
+    from django.db import connection
+
+    from django_dbqueue import sql
+
+    with connection.cursor() as cursor:
+        cursor.execute(WAKEUP_SLOTS, {"slots": sql.WAKEUP_SLOTS, "name": f"{channel}:{queue}"})
+        return dict(cursor.fetchall())
+
+
 def wakeup_waiters(queue="default"):
     """Backend pids that say they wait for wake-ups on ``queue`` (waiters.py)."""
     from django_dbqueue import sql

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from django_dbqueue import enqueue
+from django_dbqueue.notifications import parse_wakeup
 from tests.acceptance.conftest import REPO_ROOT, worker_env
 from tests.utils import Listener, job_row, wait_until, wakeup_waiters
 
@@ -70,7 +71,7 @@ def test_only_waiting_workers_are_woken_and_a_killed_one_takes_its_lock_along(st
         )
         job = enqueue("record")
         wait_until(lambda: done(job.id), timeout=5, message="the job, woken")
-        assert plain.until_jobs(1) == ["1:default"]
+        assert plain.until_jobs(1) == ["1/0.1:default"], "naming both (waiters.py)"
 
         first.kill()  # SIGKILL: its connection, and the lock on it, go with it
         one = wait_until(lambda: len(w := wakeup_waiters()) == 1 and w, message="one waiter left")
@@ -145,7 +146,7 @@ def test_a_group_s_workers_say_they_wait_and_its_listener_wakes_them(start_worke
         for _ in range(3):
             job = enqueue("record")
             wait_until(lambda j=job.id: done(j), timeout=5, message="the job, woken")
-        assert sum(int(p.split(":")[0]) for p in plain.collect(0.2)) == 3
+        assert sum(parse_wakeup(p)[1] for p in plain.collect(0.2)) == 3
         group.assert_alive()
         group.send(signal.SIGTERM)
         assert group.wait_exit(30) == 0

@@ -12,6 +12,7 @@ from django.db import connection, connections, transaction
 from django_dbqueue import chain, enqueue, enqueue_many, waiters
 from django_dbqueue.connections import connection_params
 from django_dbqueue.notifications import Listener as ListenerThread
+from django_dbqueue.notifications import parse_wakeup
 from tests.utils import Listener, scalar, wait_until, wakeup_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -114,7 +115,7 @@ def test_a_due_scheduled_job_and_a_workflow_wake_a_waiter(waiting):
     enqueue("noop", run_after=timezone.now() - datetime.timedelta(seconds=5))  # already due
     chain(("noop", {}), ("noop", {}))  # its first job is pending, the second waits for it
     assert all(payload.endswith(":default") for payload in waiting.until_jobs(2))
-    assert sum(int(payload.split(":")[0]) for payload in waiting.collect(0.2)) == 2
+    assert sum(parse_wakeup(payload)[1] for payload in waiting.collect(0.2)) == 2
 
 
 def test_wakeup_if_waiting_false_wakes_for_every_due_job(plain, settings):
@@ -284,7 +285,7 @@ def test_an_idle_worker_waits_and_an_enqueue_wakes_it(slow_poll, start_worker, p
     assert holders("emails") == set(), "it waits for its own queues only"
     job = enqueue("noop")
     wait_until(lambda: done(job.id), timeout=5, message="the job, well before the poll")
-    assert plain.until_jobs(1) == ["1:default"]
+    assert plain.until_jobs(1) == ["1:default"], "one slot held, two wanted: nobody named"
 
 
 def test_a_worker_draining_a_backlog_does_not_wait_then_waits_again(
