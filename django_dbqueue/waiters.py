@@ -48,25 +48,28 @@ slot ``s`` keyed by ``hashtextextended('<channel>:<queue>', s)``. It gives them 
 last free thread takes a job (``sql.GIVE_SLOTS``) and takes them again when a thread frees
 (:meth:`Waiting.sync_slots`); ``STOP_WAITING`` drops them with the rest. The sender's
 statement makes the payload on the server (``dbqueue_wakeup_payload``, migration 0014): it
-tries the slots from the lowest until four free ones in a row and names as many of the held
+tries the slots from the lowest until sixteen free ones in a row and names as many of the held
 ones as it has jobs, plus one more held slot at random: ``"<count>/<slot>.<slot>:<queue>"``
 (``sql.NOTIFY_WORKERS_NAMED``). Where it found fewer held slots than that, it names nobody.
 
 A worker acts on a wake-up (:meth:`Waiting.acts_on`) when it has a free thread and the
 payload names it, or names nobody, or the worker holds no slot of the queue (it has not taken
-one yet, or all were taken). A worker whose every thread is busy claims nothing for it: a job
+one yet, or all were taken). A claim made only for wake-ups that named it claims no more than
+its free threads (the sender found a free thread for each job), so a second job does not wait
+in its buffer. A worker whose every thread is busy claims nothing for a wake-up: a job
 claimed then would wait in its buffer while idle workers sleep. When the wake-up was for it
 (named, or naming nobody), it claims once a thread frees instead (the worker's ``_missed``).
 
 The one at random covers a named worker frozen with its connection open (SIGSTOP, a debugger),
 one that lost its last free thread just after the sender looked, and the backends of a host
 that died, which hold their slots until the server notices: ``dbqueue_take_slots`` shortens its
-session's TCP keepalives to about a minute. When the random one fails too, the poll finds the
-job. Slots stay compact (a worker takes the lowest free one), so the sender tries few of them.
-Only workers that wait while they have free threads take slots (mode ``"dynamic"``, and not a
-``--processes`` child, whose group listener picks the workers to wake); one that waits always
-(``"always"``: a fleet-wide limit, a small prefetch) takes none and acts whenever it has a free
-thread. A wake-up sent in a transaction the caller commits by hand names nobody
+session's TCP keepalives and ``tcp_user_timeout`` to a minute. When the random one fails too,
+the poll finds the job. Slots stay near the bottom (a worker takes the lowest free one), so the
+sender tries few of them. Only workers that wait while they have free threads take slots (mode
+``"dynamic"``, and not a ``--processes`` child, whose group listener picks the workers to wake,
+by their free capacity, prefetch included, as before); one that waits always (``"always"``: a
+fleet-wide limit, a small prefetch) takes none and acts whenever it has a free thread. A
+wake-up sent in a transaction the caller commits by hand names nobody
 (``sql.NOTIFY_WORKERS_AT_COMMIT``).
 """
 
@@ -85,6 +88,7 @@ START_TIMEOUT_MS = 20  # an enqueue holds WAITING for an instant: a longer wait 
 AWAIT_TIMEOUT_MS = 50  # how long a worker waits at once for an enqueue's open transaction
 # (both in all: lock_timeout is per lock, so a worker of N queues gives each lock 1/N of it)
 RETRY_BASE, RETRY_CAP = 0.05, 1.0  # seconds between tries while enqueuers keep it waiting
+SLOTS_RETRY = 5.0  # seconds before a worker tries its wake-up slots again after an error
 STUCK_WARNING = 30.0  # seconds of failed tries before the worker says so at WARNING
 
 
@@ -159,6 +163,8 @@ class Waiting:
         self.settled = False  # ... and AWAIT_ENQUEUERS went through: the next claim misses nothing
         self.use_slots = slots  # (and mode "dynamic": see takes_slots)
         self.slots = None  # {queue: slot held on that connection, or None: all were taken}
+        self._slots_retry_at = 0.0  # after a failed take or give: not before then
+        self.given = None  # the slots it gave back for want of a free thread, until it takes some
         self.retry_at = 0.0
         self._failing_since = None
 
@@ -167,6 +173,7 @@ class Waiting:
         conn = self.session.conn
         if self.held_on is not None and (conn is not self.held_on or conn.closed):
             self.held_on, self.started, self.settled, self.slots = None, False, False, None
+            self.given = None
         return conn
 
     def before_claim(self, now=None):
@@ -228,6 +235,7 @@ class Waiting:
         if self.held_on is not None and conn is not None and not conn.closed:
             store.stop_waiting(self.session)  # on the connection that holds them, never a new one
         self.held_on, self.started, self.settled, self.slots = None, False, False, None
+        self.given = None
 
     @property
     def takes_slots(self):
@@ -240,13 +248,15 @@ class Waiting:
         thread, and holds none) or give them back (its last free thread took a job)."""
         if not self.takes_slots or not self.started:
             return False
-        return free_thread != (self.slots is not None)
+        if free_thread != (self.slots is not None):
+            return self.slots is not None or time.monotonic() >= self._slots_retry_at
+        return False
 
     def sync_slots(self, free_thread):
         """Hold the slots while it waits with a free thread, and only then (the loop, between
-        its steps, on the Session's connection). Raises what a lost connection raised; another
-        error (migration 0014 not applied, say) turns slots off for this worker, which then acts
-        on every wake-up as before."""
+        its steps, on the Session's connection). Raises what a lost connection raised. Another
+        error leaves it holding none: it acts on every wake-up, as before, and tries again in
+        ``SLOTS_RETRY`` seconds; with migration 0014 not applied, never again."""
         self._current()
         if not self.wants_sync(free_thread):
             return
@@ -254,36 +264,53 @@ class Waiting:
         try:
             if free_thread:
                 self.slots = store.take_slots(self.session, self.queues, channel=channel)
+                self.given = None
             else:
-                slots, self.slots = self.slots, None
-                store.give_slots(self.session, slots, channel=channel)
+                store.give_slots(self.session, self.slots, channel=channel)
+                self.slots, self.given = None, self.slots
         except psycopg.Error as exc:
             if _lost(self.session):
                 raise
-            self.use_slots = False
+            missing = isinstance(exc, psycopg.errors.UndefinedFunction)
+            if missing:
+                self.use_slots = False
+            self._slots_retry_at = time.monotonic() + SLOTS_RETRY
             logger.warning(
-                "dbqueue worker cannot hold wake-up slots (%s); it acts on every wake-up of its "
-                "queues (is migration django_dbqueue.0014_wakeup_slots applied?)",
+                "dbqueue worker could not %s its wake-up slots (%s); it acts on every wake-up "
+                "of its queues %s",
+                "take" if free_thread else "give back",
                 exc,
+                "(is migration django_dbqueue.0014_wakeup_slots applied?)"
+                if missing
+                else f"meanwhile, and tries again in {SLOTS_RETRY:g}s",
             )
+            # Which of them the failed statement took or gave is not known: let go of every
+            # lock of the session; it says that it waits again before its next claim.
             with contextlib.suppress(psycopg.Error):
-                if self.slots is not None:
-                    store.give_slots(self.session, self.slots, channel=channel)
-            self.slots = None
+                self._stop()
+            self.wanted = True
+
+    def slot_of(self, queue):
+        """The wake-up slot this worker holds of ``queue``, or None."""
+        return None if self.slots is None else self.slots.get(queue)
 
     def acts_on(self, queue, named, *, free_thread):
         """What to do about a wake-up for ``queue`` naming the slots ``named`` (None: nobody):
         True, claim now; None, claim once a thread is free (it is this worker's, but every
         thread is busy); False, not this worker's. It is this worker's when it names nobody, or
-        names this worker's slot of the queue, or this worker holds no slot of it (it has not
-        taken one yet, all were taken, or it takes none)."""
+        names this worker's slot of the queue (or the one it gave back last, had the sender
+        looked before), or this worker holds no slot of it (it has not taken one yet, all were
+        taken, or it takes none)."""
         if named is not None:
             self._current()
-            slot = None if self.slots is None else self.slots.get(queue)
+            slot = self.slot_of(queue)
             if slot is not None and slot not in named:
                 return False
             if slot is None and not free_thread:
-                return False  # named others, which have a free thread
+                # Named with the slot it has just given back (the sender looked before): its,
+                # for later. Otherwise others, with a free thread, were named.
+                given = None if self.given is None else self.given.get(queue)
+                return None if given is not None and given in named else False
         return True if free_thread else None
 
     def next_try(self):
@@ -305,3 +332,4 @@ class Waiting:
     def reset(self):
         """The connection was lost, and the locks with it."""
         self.held_on, self.started, self.settled, self.slots = None, False, False, None
+        self.given = None

@@ -8,19 +8,20 @@
 # rest, and only the workers holding those claim.
 # - dbqueue_take_slots(): the worker's side, one slot per queue (NULL where all are taken: such a
 #   worker acts on every wake-up of the queue, as before). It also shortens its session's TCP
-#   keepalives, where they are longer, so that the server drops the slots of a host that died
-#   within about a minute rather than two hours.
+#   keepalives and its tcp_user_timeout, where they are longer, so that the server drops the
+#   slots of a host that died within about a minute or two rather than hours.
 # - dbqueue_wakeup_payload(): the sender's side. A free slot is found by taking it and letting
 #   go of it at once (a worker taking a slot at that instant takes the next one instead; should
 #   the statement fail in between, the handler lets go of it). Slots are taken from the lowest,
-#   so the held ones sit at the bottom: it stops at the first run of GAP free slots, and its cost
-#   follows the waiters. A payload that is not "<count>:<queue>", or a queue where it found fewer
+#   so the held ones sit near the bottom (workers whose threads are all busy leave gaps): it
+#   stops at the first run of GAP free slots, and its cost follows the waiters (about half a
+#   microsecond of server time per slot tried). A payload that is not "<count>:<queue>", or a queue where it found fewer
 #   held slots than its jobs plus one, comes back as it was: every worker with a free thread acts
 #   on it, as before.
 
 from django.db import migrations
 
-GAP = 4  # free slots in a row after which the sender stops looking
+GAP = 16  # free slots in a row after which the sender stops looking
 SPARES = 64  # held slots beyond the first ones it collects, to pick the extra one from
 
 FUNCTIONS = f"""
@@ -39,6 +40,12 @@ BEGIN
     END IF;
     IF current_setting('tcp_keepalives_count')::int > 3 THEN
         PERFORM set_config('tcp_keepalives_count', '3', false);
+    END IF;
+    -- Keepalives only probe an idle connection; this session also LISTENs, and a notification
+    -- sent to a dead host stays unacknowledged: close the connection once data has been
+    -- unacknowledged for a minute (rather than after the kernel's retries, about 15 minutes).
+    IF current_setting('tcp_user_timeout')::int NOT BETWEEN 1 AND 60000 THEN
+        PERFORM set_config('tcp_user_timeout', '60000', false);
     END IF;
     FOREACH q IN ARRAY p_queues LOOP
         slot := NULL;

@@ -3,9 +3,12 @@ slots a waiting worker takes and gives back, the payload the sender's statement 
 and in-process workers that leave a wake-up to the workers it names, or to a worker with a free
 thread."""
 
+import datetime
+
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from django_dbqueue import enqueue, sql, store, waiters
 from django_dbqueue.connections import connection_params
@@ -103,13 +106,14 @@ def test_taking_a_slot_shortens_the_session_s_tcp_keepalives():
             pytest.skip("connected by a Unix socket, where TCP keepalives do not apply")
         conn.execute("SET tcp_keepalives_idle = 7200")
         conn.execute("SET tcp_keepalives_count = 2")  # already shorter: left alone
+        conn.execute("SET tcp_user_timeout = 0")  # the system's: about 15 minutes of retries
         take(conn, ["default"])
         got = conn.execute(
             "SELECT current_setting('tcp_keepalives_idle'), "
             "current_setting('tcp_keepalives_interval')::int, "
-            "current_setting('tcp_keepalives_count')"
+            "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout')"
         ).fetchone()
-        assert got[0] == "30" and got[1] <= 10 and got[2] == "2", got
+        assert got[0] == "30" and got[1] <= 10 and got[2] == "2" and got[3] == "60000", got
     finally:
         conn.close()
 
@@ -141,17 +145,17 @@ def test_the_payload_names_the_lowest_held_slots_and_one_more_at_random():
 
 
 def test_the_payload_names_nobody_when_it_finds_too_few():
-    conns = [direct() for _ in range(7)]
+    conns = [direct() for _ in range(19)]
     try:
         assert named("1:default") == "1:default", "no slot held: nobody named, everyone acts"
         held_by(conns, 1)
         assert named("1:default") == "1:default", "one held, two wanted"
-        held_by(conns, 7)
-        for conn in conns[1:5]:
-            conn.execute(sql.STOP_WAITING)  # slots 1..4 free, 0, 5 and 6 held
-        assert named("1:default") == "1:default", "four free in a row: it stopped at one held"
-        take(conns[1], ["default"])  # slot 1 again: 0, 1, 5, 6 held, 2..4 free
-        assert named("1:default") in {"1/0.1:default", "1/0.5:default", "1/0.6:default"}
+        held_by(conns, 19)
+        for conn in conns[1:17]:
+            conn.execute(sql.STOP_WAITING)  # slots 1..16 free; 0, 17 and 18 held
+        assert named("1:default") == "1:default", "sixteen free in a row: it stopped at one"
+        take(conns[1], ["default"])  # slot 1 again: 0, 1, 17, 18 held, 2..16 free
+        assert named("1:default") in {"1/0.1:default", "1/0.17:default", "1/0.18:default"}
     finally:
         for conn in conns:
             conn.close()
@@ -231,7 +235,8 @@ def done(job_id):
 
 
 def pid_of(worker):
-    return worker.session.conn.info.backend_pid
+    conn = worker.session.conn  # None until the worker connected
+    return None if conn is None else conn.info.backend_pid
 
 
 def test_one_job_sends_only_the_named_workers_into_a_claim(slow_poll_settings, start_worker):
@@ -363,3 +368,36 @@ def test_a_job_named_for_busy_workers_starts_on_an_idle_one_at_once(
             wait_until(lambda: len(wakeup_slots()) == 2, message="the idle ones waiting again")
     finally:
         flag.touch()
+
+
+def test_a_claim_for_named_wake_ups_takes_no_more_jobs_than_free_threads(
+    slow_poll_settings, start_worker, tmp_path
+):
+    flag = tmp_path / "go"
+    worker = start_worker(queues=["default"], concurrency=1)  # and a prefetch of 1
+    wait_until(lambda: wakeup_slots() == {0: pid_of(worker)}, message="its slot")
+    spare = direct()  # holds slot 1 and never claims: a frozen spare
+    try:
+        assert take(spare, ["default"]) == {"default": 1}
+        later = timezone.now() + datetime.timedelta(hours=1)  # no wake-up of their own
+        slow = enqueue("slow-record", {"until_file": str(flag), "seconds": 30}, run_after=later)
+        quick = enqueue("noop", run_after=later)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE dbqueue_job SET run_after = now() - (id = %s)::int * interval '1 second' "
+                "WHERE id IN (%s, %s)",
+                [slow.id, slow.id, quick.id],
+            )
+        # What two senders send, each for its one job, naming 0 and 1, delivered together
+        # (one transaction: two texts, since NOTIFY folds equal payloads into one).
+        spare.execute(
+            "SELECT pg_notify('dbqueue', '1/0.1:default'), pg_notify('dbqueue', '1/1.0:default')"
+        )
+        wait_until(lambda: state(slow.id) == "running", timeout=5, message="the slow job")
+        wait_until(lambda: wakeup_slots() == {1: spare.info.backend_pid}, message="slot given")
+        assert state(quick.id) == "pending", "not claimed into the busy worker's buffer"
+        flag.touch()
+        wait_until(lambda: done(quick.id), timeout=5, message="claimed once the thread freed")
+    finally:
+        flag.touch()
+        spare.close()
