@@ -223,8 +223,8 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 # Wake-ups that name their workers (migration 0014, waiters.py): a waiting worker with a free
 # thread holds a slot of its queue, one of WAKEUP_SLOTS session advisory locks keyed by
 # hashtextextended('<channel>:<queue>', slot), and the payload, made by the server in the
-# statement that sends it, names as many of the lowest held slots as it has jobs plus one held
-# slot at random from the rest: "<count>/<slot>.<slot>:<queue>". Only their holders claim, so
+# statement that sends it, names held slots picked at random, one more than it has jobs:
+# "<count>/<slot>.<slot>:<queue>". Only their holders claim, so
 # one job does not send every idle worker into a claim. The two statements sent after a commit,
 # naming; sent while WAKEUP_IF_WAITING is on (off, every waiting worker acts on every wake-up,
 # as workers of earlier releases expect). A wake-up that rides in the caller's own transaction

@@ -48,22 +48,22 @@ slot ``s`` keyed by ``hashtextextended('<channel>:<queue>', s)``. It gives them 
 last free thread takes a job (``sql.GIVE_SLOTS``) and takes them again when a thread frees
 (:meth:`Waiting.sync_slots`); ``STOP_WAITING`` drops them with the rest. The sender's
 statement makes the payload on the server (``dbqueue_wakeup_payload``, migration 0014): it
-tries the slots from the lowest until sixteen free ones in a row and names as many of the held
-ones as it has jobs, plus one more held slot at random: ``"<count>/<slot>.<slot>:<queue>"``
+tries the slots from the lowest until sixteen free ones in a row and names held ones picked at
+random, one more than it has jobs: ``"<count>/<slot>.<slot>:<queue>"``
 (``sql.NOTIFY_WORKERS_NAMED``). Where it found fewer held slots than that, it names nobody.
+Picking at random spreads the jobs over the idle workers, and two senders at the same instant
+rarely name the same ones.
 
 A worker acts on a wake-up (:meth:`Waiting.acts_on`) when it has a free thread and the
 payload names it, or names nobody, or the worker holds no slot of the queue (it has not taken
-one yet, or all were taken). A claim made only for wake-ups that named it claims no more than
-its free threads (the sender found a free thread for each job), so a second job does not wait
-in its buffer. A worker whose every thread is busy claims nothing for a wake-up: a job
+one yet, or all were taken). A worker whose every thread is busy claims nothing for a wake-up: a job
 claimed then would wait in its buffer while idle workers sleep. When the wake-up was for it
 (named, or naming nobody), it claims once a thread frees instead (the worker's ``_missed``).
 
-The one at random covers a named worker frozen with its connection open (SIGSTOP, a debugger),
+The one more (a spare) covers a named worker frozen with its connection open (SIGSTOP, a debugger),
 one that lost its last free thread just after the sender looked, and the backends of a host
 that died, which hold their slots until the server notices: ``dbqueue_take_slots`` shortens its
-session's TCP keepalives and ``tcp_user_timeout`` to a minute. When the random one fails too,
+session's TCP keepalives and ``tcp_user_timeout`` to a minute. When the spare fails too,
 the poll finds the job. Slots stay near the bottom (a worker takes the lowest free one), so the
 sender tries few of them. Only workers that wait while they have free threads take slots (mode
 ``"dynamic"``, and not a ``--processes`` child, whose group listener picks the workers to wake,
@@ -88,6 +88,8 @@ START_TIMEOUT_MS = 20  # an enqueue holds WAITING for an instant: a longer wait 
 AWAIT_TIMEOUT_MS = 50  # how long a worker waits at once for an enqueue's open transaction
 # (both in all: lock_timeout is per lock, so a worker of N queues gives each lock 1/N of it)
 RETRY_BASE, RETRY_CAP = 0.05, 1.0  # seconds between tries while enqueuers keep it waiting
+GIVEN_GRACE = 0.1  # seconds after a give in which a wake-up naming the given slot is still its
+# (the sender looked before the give; its wake-up is delivered at its commit, within that)
 SLOTS_RETRY = 5.0  # seconds before a worker tries its wake-up slots again after an error
 STUCK_WARNING = 30.0  # seconds of failed tries before the worker says so at WARNING
 
@@ -165,6 +167,7 @@ class Waiting:
         self.slots = None  # {queue: slot held on that connection, or None: all were taken}
         self._slots_retry_at = 0.0  # after a failed take or give: not before then
         self.given = None  # the slots it gave back for want of a free thread, until it takes some
+        self.given_at = 0.0  # ... and when: a wake-up naming them counts as its for GIVEN_GRACE
         self.retry_at = 0.0
         self._failing_since = None
 
@@ -267,7 +270,7 @@ class Waiting:
                 self.given = None
             else:
                 store.give_slots(self.session, self.slots, channel=channel)
-                self.slots, self.given = None, self.slots
+                self.slots, self.given, self.given_at = None, self.slots, time.monotonic()
         except psycopg.Error as exc:
             if _lost(self.session):
                 raise
@@ -310,7 +313,8 @@ class Waiting:
                 # Named with the slot it has just given back (the sender looked before): its,
                 # for later. Otherwise others, with a free thread, were named.
                 given = None if self.given is None else self.given.get(queue)
-                return None if given is not None and given in named else False
+                recent = time.monotonic() - self.given_at < GIVEN_GRACE
+                return None if recent and given is not None and given in named else False
         return True if free_thread else None
 
     def next_try(self):

@@ -115,11 +115,6 @@ class Worker:
         self._keyed_ended = False  # a keyed job ended since the last claim
         self._cut = False  # the last claim left keyed jobs out for want of free threads
         self._missed = False  # a wake-up for us came while every thread was busy: claim later
-        # Why the next claim is due: a wake-up that named this worker's slot, or anything else.
-        # A claim due only to the first is for jobs that the sender found enough workers with
-        # a free thread for: it claims no more than its free threads (run_once's ``cap``).
-        self._named_due = self._other_due = False
-        self._named_jobs = 0  # ... and how many jobs those wake-ups announced
         self._next_poll = 0.0  # ... or at the latest at the poll
         self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
         self._signals = 0
@@ -232,14 +227,12 @@ class Worker:
             return job_type.timeout + max(1.0, 0.1 * job_type.timeout)
         return job_type.timeout
 
-    def run_once(self, done=None, *, cap=None):
+    def run_once(self, done=None):
         """Claim what fits into the free slots and hand it to the handler pool.
 
         ``done``: successes taken from the acknowledgement buffer (``acks.take_done()``),
         written in the same round trip as the claim (two statements, one pipeline): a busy
-        worker pays one round trip per batch, not two. ``cap``: claim at most this many (a
-        claim for named wake-ups: the free threads; a claim that fills it is not full, since
-        the sender found a free thread for each of its jobs). Returns ``(claimed, asked)``.
+        worker pays one round trip per batch, not two. Returns ``(claimed, asked)``.
         """
         occupied = self.inflight.occupied()
         asked = self.concurrency + self.prefetch - occupied
@@ -249,11 +242,10 @@ class Worker:
             if done:
                 self._write_done(done)
             return 0, 0
-        limit = asked if cap is None else max(1, min(asked, cap))
         running = self.inflight.by_queue()
         limits = [
-            max(0, min(limit, qcap - running.get(name, 0)))
-            for name, qcap in zip(self.queues, self.queue_caps, strict=True)
+            max(0, min(asked, cap - running.get(name, 0)))
+            for name, cap in zip(self.queues, self.queue_caps, strict=True)
         ]
         threads = max(0, self.concurrency - occupied)
         token = store.new_token()
@@ -261,7 +253,7 @@ class Worker:
             worker_id=self.worker_id,
             queues=self.queues,
             limits=limits,
-            limit=limit,
+            limit=asked,
             token=token,
             async_commit=self.async_commit,
             flow=self.flow,
@@ -298,7 +290,7 @@ class Worker:
         # beyond the free threads (all of them when none is free). When it may have, claim
         # again as capacity frees up rather than wait for a notification.
         self._cut = (
-            self.flow is None and len(rows) < limit and (threads == 0 or rows.keyed >= threads)
+            self.flow is None and len(rows) < asked and (threads == 0 or rows.keyed >= threads)
         )
         self._adapt_prefetch(asked if self._cut else len(rows), asked)
         self.claimed_total += len(rows)
@@ -394,7 +386,6 @@ class Worker:
             or keyed_due
         ):
             self._keyed_due = self._keyed_due or keyed_due
-            self._other_due = True
             self._claim_next = True
             # Also ends _batch_acks' wait for more completions: the claim they ride on is due
             # now, not at the end of ACK_INTERVAL (handlers that wait on I/O let the loop reach
@@ -411,8 +402,11 @@ class Worker:
         for _ in range(2):
             free_thread = self.inflight.occupied() < self.concurrency
             if not self.waiting.wants_sync(free_thread):
-                return
+                break
             self.waiting.sync_slots(free_thread)
+        if (retry := self.waiting.next_try()) is not None:
+            # A failed take or give let go of WAITING too: say it again soon, not at the poll.
+            self._next_poll = min(self._next_poll, retry)
 
     def _write_done(self, done):
         """Write ``done`` on its own (the acknowledger's usual path, with its retries)."""
@@ -455,16 +449,14 @@ class Worker:
         if self.stopping.is_set():
             return  # no more claims: a wake-up only matters to a cancel, handled above
         if payload is None:
-            self._other_due = True
             self._claim_next = True
             self._wakeup.set()
             return
-        queue, count = parse_wakeup(payload)
+        queue = parse_wakeup(payload)[0]
         if queue not in self.queues:
             return
-        named = parse_named(payload)
         act = self.waiting.acts_on(
-            queue, named, free_thread=self.inflight.occupied() < self.concurrency
+            queue, parse_named(payload), free_thread=self.inflight.occupied() < self.concurrency
         )
         if act is None:
             # Ours, but every thread is busy: claiming now would hold the job in our buffer
@@ -476,11 +468,6 @@ class Worker:
             self._missed = False
             act = True
         if act:
-            if named is not None and self.waiting.slot_of(queue) in named:
-                self._named_due = True
-                self._named_jobs += count
-            else:
-                self._other_due = True
             self._claim_next = True
             self._wakeup.set()
 
@@ -632,26 +619,8 @@ class Worker:
                     self._next_poll = min(self._next_poll, self.acks.next_retry)
                     self.acks.next_retry = None
                 if claim_now:
-                    # Only named wake-ups made it due: at most the free threads (run_once).
-                    capped = (
-                        self._named_due
-                        and not self._other_due
-                        and self._claim_next
-                        and not self._keyed_due
-                        and not self._want_capacity
-                        and not self._held
-                        and time.monotonic() < self._next_poll
-                    )
-                    announced, self._named_jobs = self._named_jobs, 0
-                    self._named_due = self._other_due = False
                     self._claim_next = self._keyed_due = False
-                    cap = max(1, self.concurrency - self.inflight.occupied()) if capped else None
-                    claimed, asked = self.run_once(done, cap=cap)
-                    if capped and claimed >= cap and announced > claimed:
-                        # More jobs were announced to us than we had threads for: the spare
-                        # named with us should take them; if it did not (frozen, busy), we
-                        # claim again once a thread frees.
-                        self._missed = True
+                    claimed, asked = self.run_once(done)
                     self._want_capacity = asked == 0 or claimed == asked or self._cut
                     # A full claim: we claim again by ourselves, so stop waiting. A short one:
                     # wait for wake-ups, and claim again once we say so (waiters.py: this claim
@@ -766,7 +735,6 @@ class Worker:
         self.waiting.reset()  # its locks went with the connection
         reset_connection(self.using)
         self._reconnected = True
-        self._other_due = True
         self._claim_next = True  # notifications may have been missed meanwhile
 
     def _recover(self):

@@ -3,9 +3,8 @@
 # lowest free one of WAKEUP_SLOTS session-level advisory locks, slot s of a queue keyed by
 # hashtextextended('<channel>:<queue>', s) (64 bits: two queues, or two projects sharing a
 # database, practically never share a key). It lets go of its slots while every thread is busy.
-# The wake-up's payload is made on the server, in the statement that sends it: it names as many
-# of the lowest held slots as it has jobs, plus one more held slot picked at random from the
-# rest, and only the workers holding those claim.
+# The wake-up's payload is made on the server, in the statement that sends it: it names held
+# slots picked at random, one more than it has jobs, and only the workers holding those claim.
 # - dbqueue_take_slots(): the worker's side, one slot per queue (NULL where all are taken: such a
 #   worker acts on every wake-up of the queue, as before). It also shortens its session's TCP
 #   keepalives and its tcp_user_timeout, where they are longer, so that the server drops the
@@ -22,7 +21,7 @@
 from django.db import migrations
 
 GAP = 16  # free slots in a row after which the sender stops looking
-SPARES = 64  # held slots beyond the first ones it collects, to pick the extra one from
+SPARES = 64  # held slots beyond the ones it names that it collects, to pick from
 
 FUNCTIONS = f"""
 CREATE FUNCTION dbqueue_take_slots(p_channel text, p_queues text[], p_slots int)
@@ -104,10 +103,9 @@ BEGIN
     IF cardinality(held) < wanted THEN
         RETURN p_payload;
     END IF;
-    RETURN head || '/' || array_to_string(
-        held[1 : wanted - 1]
-        || held[wanted + floor(random() * (cardinality(held) - wanted + 1))::int],
-        '.'
+    RETURN head || '/' || (
+        SELECT string_agg(s::text, '.' ORDER BY s)
+        FROM (SELECT s FROM unnest(held) AS s ORDER BY random() LIMIT wanted) AS picked
     ) || substr(p_payload, length(head) + 1);
 END
 $fn$;

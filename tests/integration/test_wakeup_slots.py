@@ -118,17 +118,24 @@ def test_taking_a_slot_shortens_the_session_s_tcp_keepalives():
         conn.close()
 
 
-def test_the_payload_names_the_lowest_held_slots_and_one_more_at_random():
+def slots_named(payload):
+    return [int(slot) for slot in payload.split(":")[0].split("/")[1].split(".")]
+
+
+def test_the_payload_names_held_slots_at_random_one_more_than_its_jobs():
     conns = [direct() for _ in range(6)]
     try:
         held_by(conns, 6)
-        ones = {named("1:default") for _ in range(60)}
-        assert all(p.startswith("1/0.") and p.endswith(":default") for p in ones), ones
-        extras = {int(p.split("/")[1].split(":")[0].split(".")[1]) for p in ones}
-        assert extras <= {1, 2, 3, 4, 5} and len(extras) > 1, extras  # 60 draws of 5: never one
-        twos = {named("2:default") for _ in range(60)}
-        assert all(p.startswith("2/0.1.") for p in twos), twos
-        assert {p.split(".")[2].split(":")[0] for p in twos} <= {"2", "3", "4", "5"}
+        ones = [named("1:default") for _ in range(60)]
+        assert all(p.startswith("1/") and p.endswith(":default") for p in ones), ones
+        pairs = {tuple(slots_named(p)) for p in ones}
+        assert all(len(set(pair)) == 2 and set(pair) <= set(range(6)) for pair in pairs), pairs
+        assert all(list(pair) == sorted(pair) for pair in pairs), "listed in order"
+        # 60 draws of 2 of 6 (15 pairs): all of them one pair, or slot 0 in all, never happens
+        # unless the pick is not random.
+        assert len(pairs) > 3 and not all(0 in pair for pair in pairs), pairs
+        twos = [slots_named(named("2:default")) for _ in range(20)]
+        assert all(len(set(three)) == 3 and set(three) <= set(range(6)) for three in twos), twos
         assert named("5:default") == "5/0.1.2.3.4.5:default", "as many as it can: every one"
         assert named("6:default") == "6:default", "fewer held than its jobs and one: nobody"
         assert named("1:emails") == "1:emails", "another queue's slots"
@@ -155,7 +162,7 @@ def test_the_payload_names_nobody_when_it_finds_too_few():
             conn.execute(sql.STOP_WAITING)  # slots 1..16 free; 0, 17 and 18 held
         assert named("1:default") == "1:default", "sixteen free in a row: it stopped at one"
         take(conns[1], ["default"])  # slot 1 again: 0, 1, 17, 18 held, 2..16 free
-        assert named("1:default") in {"1/0.1:default", "1/0.17:default", "1/0.18:default"}
+        assert set(slots_named(named("1:default"))) <= {0, 1, 17, 18}
     finally:
         for conn in conns:
             conn.close()
@@ -370,34 +377,30 @@ def test_a_job_named_for_busy_workers_starts_on_an_idle_one_at_once(
         flag.touch()
 
 
-def test_a_claim_for_named_wake_ups_takes_no_more_jobs_than_free_threads(
-    slow_poll_settings, start_worker, tmp_path
+def test_a_wake_up_naming_the_slot_just_given_back_is_claimed_when_the_thread_frees(
+    slow_poll_settings, start_worker, tmp_path, monkeypatch
 ):
+    # The sender looked just before the worker gave its slot back; its wake-up arrives after.
+    # (The grace is widened so that this slow machine's timing cannot decide the test.)
+    monkeypatch.setattr(waiters, "GIVEN_GRACE", 60.0)
     flag = tmp_path / "go"
-    worker = start_worker(queues=["default"], concurrency=1)  # and a prefetch of 1
+    worker = start_worker(queues=["default"], concurrency=1)
     wait_until(lambda: wakeup_slots() == {0: pid_of(worker)}, message="its slot")
     spare = direct()  # holds slot 1 and never claims: a frozen spare
     try:
         assert take(spare, ["default"]) == {"default": 1}
-        later = timezone.now() + datetime.timedelta(hours=1)  # no wake-up of their own
-        slow = enqueue("slow-record", {"until_file": str(flag), "seconds": 30}, run_after=later)
-        quick = enqueue("noop", run_after=later)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE dbqueue_job SET run_after = now() - (id = %s)::int * interval '1 second' "
-                "WHERE id IN (%s, %s)",
-                [slow.id, slow.id, quick.id],
-            )
-        # What two senders send, each for its one job, naming 0 and 1, delivered together
-        # (one transaction: two texts, since NOTIFY folds equal payloads into one).
-        spare.execute(
-            "SELECT pg_notify('dbqueue', '1/0.1:default'), pg_notify('dbqueue', '1/1.0:default')"
-        )
+        slow = enqueue("slow-record", {"until_file": str(flag), "seconds": 30})
         wait_until(lambda: state(slow.id) == "running", timeout=5, message="the slow job")
         wait_until(lambda: wakeup_slots() == {1: spare.info.backend_pid}, message="slot given")
-        assert state(quick.id) == "pending", "not claimed into the busy worker's buffer"
+        later = timezone.now() + datetime.timedelta(hours=1)  # no wake-up of its own
+        job = enqueue("noop", run_after=later)
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE dbqueue_job SET run_after = now() WHERE id = %s", [job.id])
+        spare.execute("SELECT pg_notify('dbqueue', '1/0.1:default')")
+        wait_until(lambda: worker._missed, timeout=5, message="the wake-up kept for later")
+        assert state(job.id) == "pending", "not claimed into the busy worker's buffer"
         flag.touch()
-        wait_until(lambda: done(quick.id), timeout=5, message="claimed once the thread freed")
+        wait_until(lambda: done(job.id), timeout=5, message="claimed once the thread freed")
     finally:
         flag.touch()
         spare.close()
