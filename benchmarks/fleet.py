@@ -140,7 +140,7 @@ def django_transaction(side):
     if side == "ours-nocheck":  # the INSERT without looking whether a worker waits
         sql.INSERT_JOB = sql.INSERT_JOB.replace(sql._WANTED, "false")
     if side == "ours-sync-notify":
-        sql.NOTIFY_WORKERS = sql.NOTIFY_WORKERS_AT_COMMIT  # the same statement, flushed
+        sql.NOTIFY_WORKERS = sql.NOTIFY_WORKERS_NAMED = sql.NOTIFY_WORKERS_AT_COMMIT  # flushed
     if side == "ours-thread":
         route_every_wake_up_through_the_sender(wakeup)
     statement = BASE_ENQUEUE if side == "django+notify" else BARE_ENQUEUE

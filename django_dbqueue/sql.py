@@ -222,30 +222,35 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 
 # Wake-ups that name their workers (migration 0014, waiters.py): a waiting worker with a free
 # thread holds a slot of its queue, one of WAKEUP_SLOTS session advisory locks keyed by
-# hashtextextended('<channel>:<queue>', slot), and the payload, made by the server in the
-# statement that sends it, names held slots picked at random, one more than it has jobs:
-# "<count>/<slot>.<slot>:<queue>". Only their holders claim, so
-# one job does not send every idle worker into a claim. The two statements sent after a commit,
-# naming; sent while WAKEUP_IF_WAITING is on (off, every waiting worker acts on every wake-up,
-# as workers of earlier releases expect). A wake-up that rides in the caller's own transaction
+# hashtextextended('<channel>:<queue>', slot), and LISTENs on that slot's own channel. The
+# sender's statement (dbqueue_wake) picks held slots at random, one more than its jobs, and
+# notifies those channels only, with the payload "<count>/<slot>.<slot>:<queue>": one job does
+# not wake every idle worker, nor send it into a claim. Where it finds too few held slots, it
+# notifies the main channel, naming nobody. The two statements sent after a commit, naming;
+# sent while WAKEUP_IF_WAITING is on (off, every waiting worker hears every wake-up, as workers
+# of earlier releases expect). A wake-up that rides in the caller's own transaction
 # (NOTIFY_WORKERS_AT_COMMIT) names nobody: the workers it would name are the ones of the
 # statement's instant, not of the commit's, and the caller's transaction runs nothing of ours
 # that an unapplied migration could fail.
 WAKEUP_SLOTS = 256  # a waiter beyond them holds none and acts on every wake-up
-_NAMED = f"dbqueue_wakeup_payload(%(channel)s, payload, {WAKEUP_SLOTS})"
-NOTIFY_WORKERS_NAMED = NOTIFY_WORKERS.replace(
-    "pg_notify(%(channel)s, payload)", f"pg_notify(%(channel)s, {_NAMED})"
-)
-NOTIFY_ONE_NAMED = NOTIFY_ONE.replace(
-    b"pg_notify($1, $2)", f"pg_notify($1, dbqueue_wakeup_payload($1, $2, {WAKEUP_SLOTS}))".encode()
-)
-assert _NAMED in NOTIFY_WORKERS_NAMED
-assert NOTIFY_ONE_NAMED != NOTIFY_ONE
+NOTIFY_WORKERS_NAMED = f"""
+SELECT dbqueue_wake(%(channel)s, payload, {WAKEUP_SLOTS}),
+       set_config('synchronous_commit', 'off', true)
+FROM unnest(%(payloads)s::text[]) AS payload
+"""
+NOTIFY_ONE_NAMED = (
+    f"SELECT dbqueue_wake($1, $2, {WAKEUP_SLOTS}), set_config('synchronous_commit', 'off', true)"
+).encode()
 
 # A waiting worker with a free thread takes a slot of each of its queues: the lowest free one
-# (NULL where every slot is held: it then acts on every wake-up). It gives them back when every
-# thread is busy (GIVE_SLOTS), or with the rest of its locks when it stops waiting.
-TAKE_SLOTS = f"SELECT dbqueue_take_slots(%(channel)s, %(queues)s::text[], {WAKEUP_SLOTS})"
+# (NULL where every slot is held: it then acts on every wake-up), and LISTENs on its channel
+# instead of the one of the slot it held before (%(listened)s, per queue). It gives them back
+# when every thread is busy (GIVE_SLOTS), or with the rest of its locks when it stops waiting;
+# it keeps listening on the channel of the slot it gave back until it takes another one.
+TAKE_SLOTS = (
+    f"SELECT dbqueue_take_slots(%(channel)s, %(queues)s::text[], {WAKEUP_SLOTS}, "
+    "%(listened)s::int[])"
+)
 GIVE_SLOTS = """
 SELECT count(pg_advisory_unlock(hashtextextended(%(channel)s || ':' || q, s))::text)
 FROM unnest(%(queues)s::text[], %(slots)s::int[]) AS given (q, s)

@@ -177,16 +177,14 @@ def _naming():
 
 
 def _missing(error):
-    """Whether ``error`` says that ``dbqueue_wakeup_payload()`` does not exist: the migration
+    """Whether ``error`` says that ``dbqueue_wake()`` does not exist: the migration
     that adds it (0014) is not applied yet. This process then stops naming (until it restarts)
     and the caller sends the wake-up again as earlier releases did, so that a deployment whose
     code runs before its migration loses no wake-up."""
     from psycopg import errors
 
     cause = error.__cause__ if not isinstance(error, errors.Error) else error  # Django wraps
-    if not isinstance(cause, errors.UndefinedFunction) or "dbqueue_wakeup_payload" not in str(
-        cause
-    ):
+    if not isinstance(cause, errors.UndefinedFunction) or "dbqueue_wake" not in str(cause):
         return False
     if not _NAMING_MISSING:
         _NAMING_MISSING.append(True)
@@ -355,11 +353,18 @@ def start_waiting(db, queues, *, timeout_ms):
     _execute(db, sql.START_WAITING, {"queues": list(queues), "timeout": str(timeout_ms)})
 
 
-def take_slots(db, queues, *, channel):
-    """Take a wake-up slot of each of ``queues`` (``sql.TAKE_SLOTS``): ``{queue: slot or
-    None}`` (None: every slot of it is held; this session then acts on every wake-up)."""
+def take_slots(db, queues, *, channel, listened=None):
+    """Take a wake-up slot of each of ``queues`` and LISTEN on its channel (``sql.TAKE_SLOTS``):
+    ``{queue: slot or None}`` (None: every slot of it is held; this session then acts on every
+    wake-up). ``listened``: ``{queue: slot}`` whose channels this session LISTENs on now (it
+    stops, where the slot taken is another one)."""
     queues = list(queues)
-    slots = _execute(db, sql.TAKE_SLOTS, {"channel": channel, "queues": queues})[0][0]
+    params = {
+        "channel": channel,
+        "queues": queues,
+        "listened": [(listened or {}).get(queue) for queue in queues],
+    }
+    slots = _execute(db, sql.TAKE_SLOTS, params)[0][0]
     return dict(zip(queues, slots, strict=True))
 
 

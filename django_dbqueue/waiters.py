@@ -40,37 +40,40 @@ is connected: enqueues then always wake, as before. ``DBQUEUE["WAKEUP_IF_WAITING
 makes every enqueue of a due job wake, whoever waits (for a fleet still running workers of a
 release that does not say that it waits).
 
-**Slots: wake-ups that name their workers.** Every waiting worker hears every wake-up of its
-queue; claiming on each would cost a fleet of separate processes one claim per worker per job.
-So a waiting worker that has a free thread also holds a *slot* of each of its queues
-(``sql.TAKE_SLOTS``): the lowest free one of ``sql.WAKEUP_SLOTS`` session-level advisory locks,
-slot ``s`` keyed by ``hashtextextended('<channel>:<queue>', s)``. It gives them back when its
-last free thread takes a job (``sql.GIVE_SLOTS``) and takes them again when a thread frees
-(:meth:`Waiting.sync_slots`); ``STOP_WAITING`` drops them with the rest. The sender's
-statement makes the payload on the server (``dbqueue_wakeup_payload``, migration 0014): it
-tries the slots from the lowest until sixteen free ones in a row and names held ones picked at
-random, one more than it has jobs: ``"<count>/<slot>.<slot>:<queue>"``
-(``sql.NOTIFY_WORKERS_NAMED``). Where it found fewer held slots than that, it names nobody.
-Picking at random spreads the jobs over the idle workers, and two senders at the same instant
-rarely name the same ones.
+**Slots: wake-ups that name their workers.** Every worker listening on the channel hears
+every wake-up of its queue; claiming on each would cost a fleet of separate processes one claim
+per worker per job, and waking each costs CPU. So a waiting worker that has a free thread also
+holds a *slot* of each of its queues (``sql.TAKE_SLOTS``): the lowest free one of
+``sql.WAKEUP_SLOTS`` session-level advisory locks, slot ``s`` keyed by
+``hashtextextended('<channel>:<queue>', s)``, and its session LISTENs on that slot's own
+channel (``dbqueue_slot_channel()``, migration 0014) besides the main one. It gives the slots
+back when its last free thread takes a job (``sql.GIVE_SLOTS``; it keeps listening on their
+channels until it takes other ones) and takes them again when a thread frees
+(:meth:`Waiting.sync_slots`); ``STOP_WAITING`` drops them with the rest. The sender's statement
+(``dbqueue_wake``) tries the slots from the lowest until sixteen free ones in a row, picks held
+ones at random, one more than it has jobs, and notifies their channels only, with the payload
+``"<count>/<slot>.<slot>:<queue>"`` (``sql.NOTIFY_WORKERS_NAMED``). Where it found fewer held
+slots than that, it notifies the main channel, naming nobody. Picking at random spreads the
+jobs over the idle workers, and two senders at the same instant rarely name the same ones.
 
 A worker acts on a wake-up (:meth:`Waiting.acts_on`) when it has a free thread and the
 payload names it, or names nobody, or the worker holds no slot of the queue (it has not taken
-one yet, or all were taken). A worker whose every thread is busy claims nothing for a wake-up: a job
-claimed then would wait in its buffer while idle workers sleep. When the wake-up was for it
-(named, or naming nobody), it claims once a thread frees instead (the worker's ``_missed``).
+one yet, or all were taken). A worker whose every thread is busy claims nothing for a wake-up:
+a job claimed then would wait in its buffer while idle workers sleep. When the wake-up was for
+it (naming nobody, or naming its slot, or the slot it gave back within ``GIVEN_GRACE``: the
+sender looked just before), it claims once a thread frees instead (the worker's ``_missed``).
 
-The one more (a spare) covers a named worker frozen with its connection open (SIGSTOP, a debugger),
-one that lost its last free thread just after the sender looked, and the backends of a host
-that died, which hold their slots until the server notices: ``dbqueue_take_slots`` shortens its
-session's TCP keepalives and ``tcp_user_timeout`` to a minute. When the spare fails too,
-the poll finds the job. Slots stay near the bottom (a worker takes the lowest free one), so the
-sender tries few of them. Only workers that wait while they have free threads take slots (mode
-``"dynamic"``, and not a ``--processes`` child, whose group listener picks the workers to wake,
-by their free capacity, prefetch included, as before); one that waits always (``"always"``: a
-fleet-wide limit, a small prefetch) takes none and acts whenever it has a free thread. A
-wake-up sent in a transaction the caller commits by hand names nobody
-(``sql.NOTIFY_WORKERS_AT_COMMIT``).
+The one more (a spare) covers a named worker frozen with its connection open (SIGSTOP, a
+debugger), one that lost its last free thread just after the sender looked, and the backends of
+a host that died, which hold their slots until the server notices: ``dbqueue_take_slots``
+shortens its session's TCP keepalives and ``tcp_user_timeout`` to a minute. When the spare fails
+too, the poll finds the job. Slots stay near the bottom (a worker takes the lowest free one), so
+the sender tries few of them. Only workers that wait while they have free threads take slots
+(mode ``"dynamic"``, and not a ``--processes`` child, whose group listener picks the workers to
+wake, by their free capacity, prefetch included, as before). Workers without a slot (one that
+waits always, ``"always"``: a fleet-wide limit, a small prefetch; a 257th waiter; a listener
+beside a pooler; a group's listener) hear only the wake-ups that name nobody. A wake-up sent in
+a transaction the caller commits by hand names nobody (``sql.NOTIFY_WORKERS_AT_COMMIT``).
 """
 
 import contextlib
@@ -168,6 +171,8 @@ class Waiting:
         self._slots_retry_at = 0.0  # after a failed take or give: not before then
         self.given = None  # the slots it gave back for want of a free thread, until it takes some
         self.given_at = 0.0  # ... and when: a wake-up naming them counts as its for GIVEN_GRACE
+        self.listened = {}  # {queue: slot} whose channels the connection LISTENs on
+        self.listened_on = None  # ... that connection
         self.retry_at = 0.0
         self._failing_since = None
 
@@ -266,7 +271,13 @@ class Waiting:
         channel = get_settings().NOTIFY_CHANNEL
         try:
             if free_thread:
-                self.slots = store.take_slots(self.session, self.queues, channel=channel)
+                conn = self.session.connection()
+                if conn is not self.listened_on:
+                    self.listened, self.listened_on = {}, conn  # a new connection listens on none
+                self.slots = store.take_slots(
+                    self.session, self.queues, channel=channel, listened=self.listened
+                )
+                self.listened = dict(self.slots)
                 self.given = None
             else:
                 store.give_slots(self.session, self.slots, channel=channel)

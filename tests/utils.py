@@ -73,9 +73,11 @@ class Listener:
     """A plain psycopg connection LISTENing on the default channel, as a worker does, to see
     exactly what workers would see. By default it also says that it waits for wake-ups on
     ``queues`` (default: every queue of the settings; waiters.hold), as an idle worker does:
-    without that, enqueues send none."""
+    without that, enqueues send none. ``slots``: also LISTEN on the channels of these wake-up
+    slots of the ``default`` queue (migration 0014), where named wake-ups go; ``main=False``:
+    not on the main channel."""
 
-    def __init__(self, queues=None, *, waits=True):
+    def __init__(self, queues=None, *, waits=True, slots=(), main=True):
         import psycopg
 
         from django_dbqueue import waiters
@@ -85,7 +87,13 @@ class Listener:
         queues = list(get_settings().QUEUES) if queues is None else queues
 
         self.conn = psycopg.connect(**connection_params("default"), autocommit=True)
-        self.conn.execute("LISTEN dbqueue")
+        if main:
+            self.conn.execute("LISTEN dbqueue")
+        for slot in slots:
+            name = self.conn.execute(
+                "SELECT dbqueue_slot_channel('dbqueue', 'default', %s)", [slot]
+            ).fetchone()[0]
+            self.conn.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(name)))
         self.got = []
         if waits:
             assert waiters.hold(self.conn, queues)

@@ -62,7 +62,7 @@ def start_producer(test_database_url):
 
 
 def test_only_waiting_workers_are_woken_and_a_killed_one_takes_its_lock_along(start_worker):
-    plain = Listener(waits=False)  # sees every wake-up sent, says nothing
+    plain = Listener(waits=False, slots=[0])  # sees every wake-up sent to slot 0 or nobody
     try:
         first = start_worker(*POLL, "--concurrency", "2", name="first")
         second = start_worker(*POLL, "--concurrency", "2", name="second")
@@ -71,7 +71,7 @@ def test_only_waiting_workers_are_woken_and_a_killed_one_takes_its_lock_along(st
         )
         job = enqueue("record")
         wait_until(lambda: done(job.id), timeout=5, message="the job, woken")
-        assert plain.until_jobs(1) == ["1/0.1:default"], "naming both (waiters.py)"
+        assert plain.until_jobs(1) == ["1/0.1:default"], "to slot 0, naming both (waiters.py)"
 
         first.kill()  # SIGKILL: its connection, and the lock on it, go with it
         one = wait_until(lambda: len(w := wakeup_waiters()) == 1 and w, message="one waiter left")

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_dbqueue import enqueue, sql, store, waiters
+from django_dbqueue import enqueue, enqueue_many, sql, store, waiters
 from django_dbqueue.connections import connection_params
 from tests.utils import Listener, scalar, wait_until, wakeup_slots, wakeup_waiters
 
@@ -21,9 +21,10 @@ def direct():
     return psycopg.connect(**connection_params("default"), autocommit=True)
 
 
-def take(conn, queues, channel="dbqueue"):
+def take(conn, queues, channel="dbqueue", listened=None):
     """``{queue: slot}`` taken on ``conn`` (sql.TAKE_SLOTS, as store.take_slots runs it)."""
-    slots = conn.execute(sql.TAKE_SLOTS, {"channel": channel, "queues": queues}).fetchone()[0]
+    params = {"channel": channel, "queues": queues, "listened": listened or [None] * len(queues)}
+    slots = conn.execute(sql.TAKE_SLOTS, params).fetchone()[0]
     return dict(zip(queues, slots, strict=True))
 
 
@@ -90,7 +91,9 @@ def test_every_slot_taken_leaves_a_waiter_without_one():
     conns = [direct() for _ in range(4)]
     try:
         got = [
-            conn.execute("SELECT dbqueue_take_slots('dbqueue', ARRAY['default'], 3)").fetchone()[0]
+            conn.execute(
+                "SELECT dbqueue_take_slots('dbqueue', ARRAY['default'], 3, ARRAY[NULL]::int[])"
+            ).fetchone()[0]
             for conn in conns
         ]
         assert got == [[0], [1], [2], [None]]
@@ -168,59 +171,91 @@ def test_the_payload_names_nobody_when_it_finds_too_few():
             conn.close()
 
 
+def slot_channel(slot, queue="default", channel="dbqueue"):
+    return scalar("SELECT dbqueue_slot_channel(%s, %s, %s)", [channel, queue, slot])
+
+
+def listening(conn):
+    return {row[0] for row in conn.execute("SELECT pg_listening_channels()").fetchall()}
+
+
+def test_a_waiter_listens_on_its_slot_s_channel_and_moves_when_its_slot_does():
+    a, b = direct(), direct()
+    try:
+        assert take(a, ["default", "emails"]) == {"default": 0, "emails": 0}
+        assert listening(a) == {slot_channel(0), slot_channel(0, "emails")}
+        assert slot_channel(0) != slot_channel(1) != slot_channel(0, channel="other")
+        give(a, {"default": 0, "emails": 0})
+        assert listening(a) == {slot_channel(0), slot_channel(0, "emails")}, "until it takes one"
+        assert take(b, ["default"]) == {"default": 0}
+        assert take(a, ["default"], listened=[0]) == {"default": 1}
+        assert slot_channel(0) not in listening(a) and slot_channel(1) in listening(a)
+        assert take(a, ["emails"], listened=[0]) == {"emails": 0}  # the same slot: no change
+        assert slot_channel(0, "emails") in listening(a)
+    finally:
+        a.close()
+        b.close()
+
+
 @pytest.fixture
 def two_waiting():
-    """Two connections holding slots 0 and 1, a listener that says it waits (so that enqueues
-    wake), and a plain listener that hears the wake-ups: yielded."""
-    listen = Listener(waits=False)
+    """Two connections holding slots 0 and 1 and a listener that says it waits (so that
+    enqueues wake); yields ``(main, slot 0)``: plain listeners of the main channel and of slot
+    0's channel."""
+    main = Listener(waits=False)
+    slot0 = Listener(waits=False, slots=[0], main=False)
     holders = [direct() for _ in range(2)]
     waiting = None
     try:
         held_by(holders, 2)
         waiting = Listener()
-        yield listen
+        yield main, slot0
     finally:
-        for conn in [listen, waiting, *holders]:
+        for conn in [main, slot0, waiting, *holders]:
             if conn is not None:
                 conn.close()
 
 
-def test_an_enqueue_wakes_with_a_payload_naming_the_waiting_workers(
-    slow_poll_settings, two_waiting
-):
+def test_an_enqueue_wakes_the_named_workers_on_their_own_channels(slow_poll_settings, two_waiting):
+    main, slot0 = two_waiting
     enqueue("noop")
-    assert two_waiting.until_jobs(1) == ["1/0.1:default"]
+    assert slot0.until_jobs(1) == ["1/0.1:default"]
+    assert main.collect(0.2) == [], "the main channel, and the workers of no slot, hear nothing"
 
 
 def test_wakeup_if_waiting_false_names_nobody(slow_poll_settings, two_waiting):
+    main, slot0 = two_waiting
     slow_poll_settings.DBQUEUE = {**slow_poll_settings.DBQUEUE, "WAKEUP_IF_WAITING": False}
     enqueue("noop")
-    assert two_waiting.until_jobs(1) == ["1:default"], "the payload earlier releases read"
+    assert main.until_jobs(1) == ["1:default"], "the payload earlier releases read"
+    assert slot0.collect(0.1) == []
 
 
 def test_a_wake_up_in_a_transaction_committed_by_hand_names_nobody(slow_poll_settings, two_waiting):
+    main, _ = two_waiting
     transaction.set_autocommit(False)
     try:
         enqueue("noop")
         transaction.commit()
     finally:
         transaction.set_autocommit(True)
-    assert two_waiting.until_jobs(1) == ["1:default"]
+    assert main.until_jobs(1) == ["1:default"]
 
 
 def test_before_migration_0014_the_wake_ups_go_out_naming_nobody(slow_poll_settings, two_waiting):
+    main, _ = two_waiting
     rename = "ALTER FUNCTION {}(text, text, int) RENAME TO {}"
     with connection.cursor() as cursor:
-        cursor.execute(rename.format("dbqueue_wakeup_payload", "dbqueue_wakeup_payload_x"))
+        cursor.execute(rename.format("dbqueue_wake", "dbqueue_wake_x"))
     try:
         enqueue("noop")  # after its commit, in a wake-up of its own
-        assert two_waiting.until_jobs(1) == ["1:default"], "sent again, as earlier releases did"
+        assert main.until_jobs(1) == ["1:default"], "sent again, as earlier releases did"
         assert store._NAMING_MISSING, "and this process stops naming"
         enqueue("noop")
-        assert two_waiting.until_jobs(2) == ["1:default"] * 2
+        assert main.until_jobs(2) == ["1:default"] * 2
     finally:
         with connection.cursor() as cursor:
-            cursor.execute(rename.format("dbqueue_wakeup_payload_x", "dbqueue_wakeup_payload"))
+            cursor.execute(rename.format("dbqueue_wake_x", "dbqueue_wake"))
         store._NAMING_MISSING.clear()
 
 
@@ -276,7 +311,9 @@ def _quiet(workers):
     return None
 
 
-def test_a_worker_holding_no_slot_acts_on_every_wake_up(slow_poll_settings, start_worker):
+def test_a_worker_holding_no_slot_acts_on_the_wake_ups_naming_nobody(
+    slow_poll_settings, start_worker
+):
     hog = direct()  # every slot held by one connection that never claims
     try:
         hog.execute(
@@ -289,8 +326,19 @@ def test_a_worker_holding_no_slot_acts_on_every_wake_up(slow_poll_settings, star
         wait_until(
             lambda: worker.waiting.slots == {"default": None}, message="the worker, slotless"
         )
-        job = enqueue("noop")  # names two of the hog's slots, neither of them the worker's
-        wait_until(lambda: done(job.id), timeout=5, message="the job, woken all the same")
+        # One wake-up for more jobs than there are slots names nobody: the main channel.
+        jobs = enqueue_many([("noop", {})] * sql.WAKEUP_SLOTS)
+        ids = [job.id for job in jobs]
+        wait_until(
+            lambda: (
+                scalar(
+                    "SELECT count(*) FROM dbqueue_job WHERE id = ANY(%s) AND state = 'done'", [ids]
+                )
+                == len(ids)
+            ),
+            timeout=30,
+            message="every job done",
+        )
     finally:
         hog.close()
 
@@ -396,7 +444,8 @@ def test_a_wake_up_naming_the_slot_just_given_back_is_claimed_when_the_thread_fr
         job = enqueue("noop", run_after=later)
         with connection.cursor() as cursor:
             cursor.execute("UPDATE dbqueue_job SET run_after = now() WHERE id = %s", [job.id])
-        spare.execute("SELECT pg_notify('dbqueue', '1/0.1:default')")
+        # On the channel of slot 0, which the worker still LISTENs on.
+        spare.execute("SELECT pg_notify(%s, '1/0.1:default')", [slot_channel(0)])
         wait_until(lambda: worker._missed, timeout=5, message="the wake-up kept for later")
         assert state(job.id) == "pending", "not claimed into the busy worker's buffer"
         flag.touch()
