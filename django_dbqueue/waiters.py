@@ -180,9 +180,15 @@ class Waiting:
         """The state of the Session's connection: none of it once that connection is gone."""
         conn = self.session.conn
         if self.held_on is not None and (conn is not self.held_on or conn.closed):
-            self.held_on, self.started, self.settled, self.slots = None, False, False, None
-            self.given = None
+            self._forget()
         return conn
+
+    def _forget(self):
+        """What the locks of the connection meant: none of it holds any more (they were let go,
+        or went with the connection). ``listened`` stays: it says what that connection LISTENs
+        on, and ``sync_slots`` knows a new connection by ``listened_on``."""
+        self.held_on, self.started, self.settled = None, False, False
+        self.slots, self.given = None, None
 
     def before_claim(self, now=None):
         """Start waiting if the worker should and does not yet, so that the claim about to run
@@ -242,8 +248,7 @@ class Waiting:
         conn = self._current()
         if self.held_on is not None and conn is not None and not conn.closed:
             store.stop_waiting(self.session)  # on the connection that holds them, never a new one
-        self.held_on, self.started, self.settled, self.slots = None, False, False, None
-        self.given = None
+        self._forget()
 
     @property
     def takes_slots(self):
@@ -341,10 +346,9 @@ class Waiting:
         one is not raised: its locks went with it."""
         with contextlib.suppress(psycopg.Error):
             self._stop()
-        self.held_on, self.started, self.settled, self.wanted = None, False, False, False
-        self.slots = None
+        self._forget()
+        self.wanted = False
 
     def reset(self):
         """The connection was lost, and the locks with it."""
-        self.held_on, self.started, self.settled, self.slots = None, False, False, None
-        self.given = None
+        self._forget()

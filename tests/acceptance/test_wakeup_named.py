@@ -81,9 +81,16 @@ def test_a_frozen_worker_holding_a_slot_strands_no_job(start_worker):
         worker.assert_alive()
 
 
-def running_on(workers, job_id):
-    holder = job_row(job_id)["worker_id"]
-    return holder, next(w for w in workers if f":{w.pid}:" in holder)
+def fleet_with_a_busy_worker(start_worker, n, flag):
+    """``n`` idle workers, then a slow job (until ``flag`` exists) running on one of them, whose
+    slot has gone: the job, the id of the worker running it, the worker, and the fleet."""
+    workers = fleet(start_worker, n)
+    slow = enqueue("slow-record", {"until_file": str(flag), "seconds": 60})
+    wait_until(lambda: state(slow.id) == "running", timeout=10, message="the slow job running")
+    holder = job_row(slow.id)["worker_id"]
+    busy = next(w for w in workers if f":{w.pid}:" in holder)
+    wait_until(lambda: len(wakeup_slots()) == n - 1, message="the busy worker's slot given back")
+    return slow, holder, busy, workers
 
 
 def trickle_elsewhere(jobs, holder):
@@ -94,12 +101,8 @@ def trickle_elsewhere(jobs, holder):
 
 
 def test_a_busy_worker_holds_no_slot_and_the_jobs_go_to_the_idle_ones(start_worker, tmp_path):
-    workers = fleet(start_worker, 3)
     flag = tmp_path / "go"
-    slow = enqueue("slow-record", {"until_file": str(flag), "seconds": 60})
-    wait_until(lambda: state(slow.id) == "running", timeout=10, message="the slow job running")
-    holder, _busy = running_on(workers, slow.id)
-    wait_until(lambda: len(wakeup_slots()) == 2, message="the busy worker's slot given back")
+    slow, holder, _busy, workers = fleet_with_a_busy_worker(start_worker, 3, flag)
     trickle_elsewhere(10, holder)  # each names both idle workers
     flag.touch()
     wait_until(lambda: state(slow.id) == "done", timeout=10, message="the slow job done")
@@ -109,12 +112,7 @@ def test_a_busy_worker_holds_no_slot_and_the_jobs_go_to_the_idle_ones(start_work
 
 
 def test_a_worker_killed_idle_or_mid_job_frees_its_slot_and_loses_nothing(start_worker, tmp_path):
-    workers = fleet(start_worker, 4)
-    flag = tmp_path / "never"
-    slow = enqueue("slow-record", {"until_file": str(flag), "seconds": 60})
-    wait_until(lambda: state(slow.id) == "running", timeout=10, message="the slow job running")
-    holder, victim = running_on(workers, slow.id)
-    wait_until(lambda: len(wakeup_slots()) == 3, message="the busy worker's slot given back")
+    slow, holder, victim, workers = fleet_with_a_busy_worker(start_worker, 4, tmp_path / "never")
     victim.kill()  # SIGKILL, mid-job
     idle = next(w for w in workers if w is not victim)
     idle.kill()  # SIGKILL, idle, holding a slot
