@@ -3,6 +3,7 @@ slots a waiting worker takes and gives back, the payload the sender's statement 
 and in-process workers that leave a wake-up to the workers it names, or to a worker with a free
 thread."""
 
+import concurrent.futures
 import datetime
 
 import psycopg
@@ -168,6 +169,33 @@ def test_the_payload_names_nobody_when_it_finds_too_few():
         assert set(slots_named(named("1:default"))) <= {0, 1, 17, 18}
     finally:
         for conn in conns:
+            conn.close()
+
+
+def test_concurrent_senders_never_name_each_other_s_probes():
+    # Each sender tries the free slots as it looks for held ones. Were a try to take a slot
+    # exclusively (as a worker does), a sender looking at that instant would count it held and
+    # could name it: a wake-up for nobody. Four senders at once, 1,500 wake-ups each, with slots
+    # 0 and 1 held: every one names exactly those two (an exclusive probe named others in about
+    # 2% of the calls here).
+    holders = [direct(), direct()]
+    senders = [direct() for _ in range(4)]
+    try:
+        held_by(holders, 2)
+        statement = "SELECT dbqueue_wakeup_payload(%s, %s, %s)"
+        params = ["dbqueue", "1:default", sql.WAKEUP_SLOTS]
+
+        def send(conn):
+            return [conn.execute(statement, params).fetchone()[0] for _ in range(1500)]
+
+        with concurrent.futures.ThreadPoolExecutor(len(senders)) as pool:
+            payloads = [p for sent in pool.map(send, senders) for p in sent]
+        assert len(payloads) == 6000
+        wrong = [p for p in payloads if p != "1/0.1:default"]
+        assert not wrong, f"{len(wrong)} named slots nobody held, e.g. {wrong[:5]}"
+        assert wakeup_slots() == {0: holders[0].info.backend_pid, 1: holders[1].info.backend_pid}
+    finally:
+        for conn in holders + senders:
             conn.close()
 
 
