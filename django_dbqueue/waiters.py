@@ -51,8 +51,8 @@ back when its last free thread takes a job (``sql.GIVE_SLOTS``; it keeps listeni
 channels until it takes other ones) and takes them again when a thread frees
 (:meth:`Waiting.sync_slots`); ``STOP_WAITING`` drops them with the rest. The sender's statement
 (``dbqueue_wake``) tries the slots from the lowest until sixteen free ones in a row (a slot is
-free where it can take it shared until its statement's transaction ends, so concurrent senders
-never take each other's probes for held slots), picks held ones at random, one more than it
+free where it can take it shared, and it lets go at once: concurrent senders never take each
+other's probes for held slots), picks held ones at random, one more than it
 has jobs, and notifies their channels only, with the payload ``"<count>/<slot>.<slot>:<queue>"``
 (``sql.NOTIFY_WORKERS_NAMED``). Where it found fewer held slots than that, it notifies the main
 channel, naming nobody. Picking at random spreads the jobs over the idle workers, and two

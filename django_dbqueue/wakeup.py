@@ -308,8 +308,11 @@ class _Coalescer:
             connection.ensure_connection()
             with connection.wrap_database_errors:
                 sent = store.notify_now(connection.connection, [(channel, payloads)])
-            if sent is False:  # not idle after all: the statement, as before
-                store.notify_workers(using, channel=channel, payloads=payloads)
+            if sent is False:
+                # Not idle after all (a transaction opened behind Django's back): the same as
+                # above, not the statement in that transaction, which would turn off its
+                # synchronous commit and wait for its commit.
+                self.give_back(using, [(channel, payloads)])
         except Exception as exc:  # the caller's data has committed: never raise into them
             logger.warning(
                 "dbqueue could not wake the workers (%s) after a commit on %r: %s; their poll "

@@ -637,9 +637,8 @@ class Worker:
                 # came during the claim are read first, while the slots they may name are
                 # still this worker's: one that names it now that every thread is busy is
                 # claimed when a thread frees (_missed), not dropped as another worker's.
-                if self.waiting.takes_slots:
-                    self._take_notifies()
-                    self._sync_slots()
+                self._take_notifies()
+                self._sync_slots()
                 errors = 0
             except DB_ERRORS as exc:
                 errors += 1

@@ -14,14 +14,16 @@
 #   that the server drops the slots of a host that died within about a minute or two rather than
 #   hours.
 # - dbqueue_pick_slots(): the sender's side. A slot is free where the sender can take it
-#   shared, until its transaction ends (the statement's own: it runs in autocommit): senders do
-#   not conflict with each other, so concurrent ones never see each other's probes as held
-#   slots (with an exclusive probe, 6 concurrent senders named slots nobody held in 2% of their
-#   calls), and nothing is left to let go of, whatever stops the statement. A worker taking a
-#   slot while a sender's probe holds it takes the next one instead. Slots are taken from the
-#   lowest, so the held ones sit near the bottom (workers whose threads are all busy leave
-#   gaps): it stops at the first run of GAP free slots, and its cost follows the waiters. NULL
-#   where it found fewer held slots than the jobs plus one.
+#   shared; it lets go of it at once (should the statement fail in between, the handler does).
+#   Senders do not conflict with each other, so concurrent ones never see each other's probes
+#   as held slots (with an exclusive probe, 6 concurrent senders named slots nobody held in 2%
+#   of their calls). Held until the end of the transaction instead, the probes would push every
+#   worker taking a slot meanwhile past all of them, out of the senders' sight (a sender's
+#   transaction lasts until its NOTIFY's commit is through), and fill the lock table: one at a
+#   time, a worker taking a slot at that instant takes the next one instead. Slots are taken
+#   from the lowest, so the held ones sit near the bottom (workers whose threads are all busy
+#   leave gaps): it stops at the first run of GAP free slots, and its cost follows the waiters.
+#   NULL where it found fewer held slots than the jobs plus one.
 # - dbqueue_wakeup_payload(): the payload, "<count>/<slot>.<slot>:<queue>" naming the picked
 #   slots, or the payload as it was when nobody is picked or it is not "<count>:<queue>".
 # - dbqueue_wake(): sends it: on each picked slot's channel, or on the main channel.
@@ -92,20 +94,33 @@ DECLARE
     wanted int := p_count + 1;
     free int := 0;
     held int[] := '{{}}';
+    k bigint;
+    got boolean := false;
 BEGIN
     IF wanted > p_slots THEN
         RETURN NULL;
     END IF;
-    FOR s IN 0 .. p_slots - 1 LOOP
-        IF pg_try_advisory_xact_lock_shared(hashtextextended(p_name, s)) THEN
-            free := free + 1;
-            EXIT WHEN free >= {GAP};
-        ELSE
-            held := held || s;
-            free := 0;
-            EXIT WHEN cardinality(held) >= wanted + {SPARES};
+    BEGIN
+        FOR s IN 0 .. p_slots - 1 LOOP
+            k := hashtextextended(p_name, s);
+            got := pg_try_advisory_lock_shared(k);
+            IF got THEN
+                PERFORM pg_advisory_unlock_shared(k);
+                got := false;
+                free := free + 1;
+                EXIT WHEN free >= {GAP};
+            ELSE
+                held := held || s;
+                free := 0;
+                EXIT WHEN cardinality(held) >= wanted + {SPARES};
+            END IF;
+        END LOOP;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        IF got THEN  -- stopped between taking a free slot and letting go of it
+            PERFORM pg_advisory_unlock_shared(k);
         END IF;
-    END LOOP;
+        RAISE;
+    END;
     IF cardinality(held) < wanted THEN
         RETURN NULL;
     END IF;

@@ -183,3 +183,23 @@ def test_a_hook_that_finds_a_transaction_open_again_leaves_it_alone(listener):
         assert listener.until_jobs(1) == ["1:default"]
         assert show_synchronous_commit() == "on"
     assert not [q for q in queries if "pg_notify" in q["sql"]]
+
+
+def test_a_transaction_opened_behind_django_s_back_is_left_alone(listener):
+    """Django says autocommit, but libpq is in a transaction (a raw BEGIN, say): the wake-up is
+    not sent inside it either (its set_config would turn off synchronous commit for it, and the
+    notification would wait for its commit): the sender sends it, on a connection of its own."""
+    from django.test.utils import CaptureQueriesContext
+
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+    try:
+        assert connection.get_autocommit() and not connection.in_atomic_block
+        with CaptureQueriesContext(connection) as queries:
+            wakeup._COALESCER.committed("default", "dbqueue", {"default": 1})
+        assert listener.until_jobs(1) == ["1:default"], "sent at once, not at that commit"
+        assert show_synchronous_commit() == "on"
+        assert not [q for q in queries if "pg_notify" in q["sql"] or "dbqueue_wake" in q["sql"]]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ROLLBACK")

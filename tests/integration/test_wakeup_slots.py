@@ -5,6 +5,8 @@ thread."""
 
 import concurrent.futures
 import datetime
+import threading
+from importlib import import_module
 
 import psycopg
 import pytest
@@ -16,6 +18,8 @@ from django_dbqueue.connections import connection_params
 from tests.utils import Listener, scalar, wait_until, wakeup_slots, wakeup_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+GAP = import_module("django_dbqueue.migrations.0014_wakeup_slots").GAP  # free in a row: it stops
 
 
 def direct():
@@ -196,6 +200,47 @@ def test_concurrent_senders_never_name_each_other_s_probes():
         assert wakeup_slots() == {0: holders[0].info.backend_pid, 1: holders[1].info.backend_pid}
     finally:
         for conn in holders + senders:
+            conn.close()
+
+
+def test_a_worker_taking_a_slot_while_senders_probe_stays_in_their_sight():
+    # Each sender lets go of a probed slot at once, so a worker taking a slot meanwhile is
+    # pushed up by a slot per sender at most. Were the probes held until the sender's
+    # transaction ends (through its notification's commit), the worker would land past all of
+    # them, beyond the sixteen free slots after which every sender stops looking: a waiter
+    # never named. Slots 0 and 1 held, four senders at once, a fifth connection taking and
+    # giving a slot 300 times: every slot it takes is one a sender looks at (2..17).
+    holders = [direct(), direct()]
+    senders = [direct() for _ in range(4)]
+    taker = direct()
+    try:
+        held_by(holders, 2)
+        statement = "SELECT dbqueue_wake(%s, %s, %s)"
+        params = ["dbqueue", "1:default", sql.WAKEUP_SLOTS]
+        done = threading.Event()
+
+        def send(conn):
+            while not done.is_set():
+                conn.execute(statement, params)
+
+        def takes():
+            slots = []
+            for _ in range(300):
+                slots.append(take(taker, ["default"])["default"])
+                give(taker, {"default": slots[-1]})
+            return slots
+
+        with concurrent.futures.ThreadPoolExecutor(len(senders) + 1) as pool:
+            sending = [pool.submit(send, conn) for conn in senders]
+            try:
+                taken = pool.submit(takes).result(timeout=120)
+            finally:
+                done.set()
+            for future in sending:
+                future.result()
+        assert set(taken) <= set(range(2, 2 + GAP)), sorted(set(taken))
+    finally:
+        for conn in holders + senders + [taker]:
             conn.close()
 
 
