@@ -15,7 +15,7 @@ import pytest
 from django_dbqueue import enqueue
 from django_dbqueue.notifications import parse_wakeup
 from tests.acceptance.conftest import REPO_ROOT, worker_env
-from tests.utils import Listener, job_row, wait_until, wakeup_waiters
+from tests.utils import Listener, job_row, wait_until, wakeup_slots, wakeup_waiters
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -66,8 +66,11 @@ def test_only_waiting_workers_are_woken_and_a_killed_one_takes_its_lock_along(st
     try:
         first = start_worker(*POLL, "--concurrency", "2", name="first")
         second = start_worker(*POLL, "--concurrency", "2", name="second")
+        # A worker says it waits (its waiting lock) a step before it takes its slot: wait for
+        # both, or the wake-up may find nobody to name yet.
         two = wait_until(
-            lambda: len(w := wakeup_waiters()) == 2 and w, message="both idle workers waiting"
+            lambda: len(w := wakeup_waiters()) == 2 and set(wakeup_slots().values()) == w and w,
+            message="both idle workers waiting, each in its slot",
         )
         job = enqueue("record")
         wait_until(lambda: done(job.id), timeout=5, message="the job, woken")
