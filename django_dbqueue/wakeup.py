@@ -309,9 +309,12 @@ class _Coalescer:
             with connection.wrap_database_errors:
                 sent = store.notify_now(connection.connection, [(channel, payloads)])
             if sent is False:
-                # Not idle after all (a transaction opened behind Django's back): the same as
-                # above, not the statement in that transaction, which would turn off its
-                # synchronous commit and wait for its commit.
+                # Not idle after all: a transaction opened behind Django's back (a raw BEGIN),
+                # which may hold the very jobs counted here. Their wake-up rides in it, as a
+                # plain NOTIFY delivered at its commit (its synchronous commit untouched); the
+                # sender thread also sends the counts at once, for jobs of earlier commits
+                # coalesced into them (a claim too early for the others costs a claim).
+                store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
                 self.give_back(using, [(channel, payloads)])
         except Exception as exc:  # the caller's data has committed: never raise into them
             logger.warning(
@@ -458,12 +461,26 @@ def jobs_cancelled(using, ids):
         store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
 
 
+def _libpq_idle(connection):
+    """Whether Django's ``connection`` (connected here if it was not) is outside any transaction
+    in libpq too: Django's autocommit says nothing of a raw BEGIN."""
+    from psycopg import pq
+
+    connection.ensure_connection()
+    return connection.connection.pgconn.transaction_status == pq.TransactionStatus.IDLE
+
+
 def _send_cancel(using, channel, payloads):
     connection = connections[using]
     try:
-        if connection.in_atomic_block or not connection.get_autocommit():
-            # An earlier on_commit hook opened a transaction: ride in it, as its commit sends it
-            # (its durability untouched).
+        if (
+            connection.in_atomic_block
+            or not connection.get_autocommit()
+            or not _libpq_idle(connection)
+        ):
+            # A transaction is open: an earlier on_commit hook opened one, or a raw BEGIN did
+            # behind Django's back (it may hold the cancel itself). Ride in it, as its commit
+            # sends it (its durability untouched).
             store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
         else:
             store.notify_workers(using, channel=channel, payloads=payloads)

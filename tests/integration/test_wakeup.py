@@ -185,21 +185,55 @@ def test_a_hook_that_finds_a_transaction_open_again_leaves_it_alone(listener):
     assert not [q for q in queries if "pg_notify" in q["sql"]]
 
 
-def test_a_transaction_opened_behind_django_s_back_is_left_alone(listener):
-    """Django says autocommit, but libpq is in a transaction (a raw BEGIN, say): the wake-up is
-    not sent inside it either (its set_config would turn off synchronous commit for it, and the
-    notification would wait for its commit): the sender sends it, on a connection of its own."""
+def test_a_transaction_opened_behind_django_s_back_carries_its_job_s_wake_up(listener):
+    """Django says autocommit, but libpq is in a transaction (a raw BEGIN): the job enqueued
+    there is in it. The wake-up must not turn off that transaction's synchronous commit, and
+    must reach the workers at its commit, when the job becomes visible: sent only before it
+    (the sender thread's copy, for jobs of earlier commits), it would find nothing to claim and
+    the job would wait for the poll."""
     from django.test.utils import CaptureQueriesContext
 
     with connection.cursor() as cursor:
         cursor.execute("BEGIN")
+    open_ = True
     try:
         assert connection.get_autocommit() and not connection.in_atomic_block
         with CaptureQueriesContext(connection) as queries:
-            wakeup._COALESCER.committed("default", "dbqueue", {"default": 1})
-        assert listener.until_jobs(1) == ["1:default"], "sent at once, not at that commit"
-        assert show_synchronous_commit() == "on"
-        assert not [q for q in queries if "pg_notify" in q["sql"] or "dbqueue_wake" in q["sql"]]
-    finally:
+            job = enqueue("noop")
+        assert show_synchronous_commit() == "on", "the caller's durability untouched"
+        assert not [q for q in queries if "synchronous_commit" in q["sql"]]
+        assert scalar("SELECT count(*) FROM dbqueue_job WHERE id = %s", [job.id]) == 1
+        early = sum(parse_wakeup(p)[1] for p in listener.collect(0.3))
         with connection.cursor() as cursor:
-            cursor.execute("ROLLBACK")
+            cursor.execute("COMMIT")
+        open_ = False
+        listener.until_jobs(early + 1)
+    finally:
+        if open_:
+            with connection.cursor() as cursor:
+                cursor.execute("ROLLBACK")
+
+
+def test_a_cancel_in_a_transaction_opened_behind_django_s_back_rides_in_it(listener):
+    """The same for a cancel's notification: sent inside the caller's raw transaction as a
+    plain NOTIFY (delivered at its commit), never with the statement that turns off
+    synchronous commit for the transaction it runs in."""
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+    open_ = True
+    try:
+        wakeup.jobs_cancelled("default", [41, 42])
+        assert show_synchronous_commit() == "on", "the caller's durability untouched"
+        assert listener.collect(0.2) == [], "delivered at the commit, not before"
+        with connection.cursor() as cursor:
+            cursor.execute("COMMIT")
+        open_ = False
+        wait_until(
+            lambda: any(p.startswith("cancel:") for p in listener.collect(0.05)),
+            timeout=5,
+            message="the cancel's notification, at the commit",
+        )
+    finally:
+        if open_:
+            with connection.cursor() as cursor:
+                cursor.execute("ROLLBACK")
