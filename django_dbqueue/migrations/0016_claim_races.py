@@ -25,6 +25,12 @@ from django.db import migrations
 # What it cannot see: a job that is not 'running' while its handler still runs (a lease lost
 # to a paused process, a timeout that gave the job back): those are the lease's and the
 # timeout's promises, not the claim's.
+# - dbqueue_serial_free(): 0011's test as it was, with no side effect, in the caller's
+#   snapshot: the limited claim's job-by-job scan filters with it (a job it says no to does not
+#   count against the scan's bound), and asks dbqueue_serial_turn() only for a job it is about
+#   to lock, after the type and partition checks. The scan is a plpgsql FOR loop, which fetches
+#   its rows ten at a time: a side effect in its WHERE would hold the keys of up to nine jobs the
+#   loop never reaches, passing them over for other claims until this one commits.
 # The unkeyed claim never calls it (serial_key IS NULL settles the OR first): its cost is what
 # it was. A partial unique index on (serial_key) WHERE state = 'running' was weighed and left
 # out: it cannot see the runs that overlap without two 'running' rows (above), and a violation
@@ -62,6 +68,15 @@ BEGIN
                        true);
     RETURN true;
 END
+$fn$;
+
+CREATE FUNCTION dbqueue_serial_free(key text, job_id bigint) RETURNS boolean
+LANGUAGE sql STABLE STRICT COST 1 AS $fn$
+    SELECT NOT EXISTS (
+        SELECT 1 FROM dbqueue_job AS o
+        WHERE o.serial_key = key AND o.state IN ('pending', 'running') AND o.id <> job_id
+          AND (o.state = 'running' OR o.id < job_id)
+    )
 $fn$;
 """
 
@@ -121,8 +136,9 @@ END
 $fn$;
 """
 
-# The limited claim, as 0011 left it, with (a) taking the advisory locks above, and with a
-# ``keyed`` column: whether the job has a serial key, read by the claim's own UPDATE. sql.
+# The limited claim, as 0011 left it, with (a) taking the advisory locks above, its job-by-job
+# scan filtering with dbqueue_serial_free() and asking dbqueue_serial_turn() right before it
+# locks a job (above), and with a ``keyed`` column: whether the job has a serial key, read by the claim's own UPDATE. sql.
 # CLAIM_LIMITED read it with a subquery in its statement's snapshot, taken before the function
 # waited for the limiter lock: a job enqueued meanwhile came back not keyed, and the worker did
 # not look again for its key's next job when it ended. A new name, because a new column changes
@@ -267,10 +283,11 @@ BEGIN
             scanned := 0;
             grew := false;
             FOR cand IN
-                SELECT j.id AS jid, j.type::text AS jtype, j.payload AS jpayload
+                SELECT j.id AS jid, j.type::text AS jtype, j.payload AS jpayload,
+                       j.serial_key::text AS jkey
                 FROM dbqueue_job AS j
                 WHERE j.state = 'pending' AND j.queue = p_queues[i] AND j.run_after <= now()
-                  AND (j.serial_key IS NULL OR dbqueue_serial_turn(j.serial_key, j.id))
+                  AND (j.serial_key IS NULL OR dbqueue_serial_free(j.serial_key, j.id))
                   AND NOT (j.id = ANY(picked))
                   AND NOT (j.type = ANY(full_types))
                   AND NOT (cardinality(full_parts) > 0 AND (
@@ -323,6 +340,7 @@ BEGIN
                     END IF;
                     CONTINUE WHEN part_room[qp] <= 0;
                 END IF;
+                CONTINUE WHEN cand.jkey IS NOT NULL AND NOT dbqueue_serial_turn(cand.jkey, cand.jid);
                 PERFORM 1 FROM dbqueue_job AS j
                 WHERE j.id = cand.jid AND j.state = 'pending'
                 FOR UPDATE SKIP LOCKED;
@@ -457,6 +475,7 @@ REVERSE = (
     + "DROP FUNCTION dbqueue_rate_room(timestamptz[], int, float8);\n"
     + _FLOW.RATE_ROOM
     + "DROP FUNCTION dbqueue_limiter_lock(text, text, text);\n"
+    + "DROP FUNCTION dbqueue_serial_free(text, bigint);\n"
     + "DROP FUNCTION dbqueue_serial_turn(text, bigint);\n"
     + _SERIAL.SERIAL_TURN
 )

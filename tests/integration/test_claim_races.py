@@ -184,6 +184,19 @@ def test_one_claim_never_takes_two_jobs_of_a_key():
         x.close()
 
 
+def test_the_limited_claim_holds_only_the_keys_of_the_jobs_it_takes():
+    """Its job-by-job scan fetches rows ten at a time: the turn test there would have held the
+    keys of jobs it never reached, and a second claim would have found them all busy."""
+    flow = keyed_rate()
+    jobs = [enqueue("record", {"acct": i}, serial_key=f"K{i}") for i in range(5)]
+    x = session()
+    try:
+        assert [r.id for r in claim_on(x, limit=1, flow=flow)] == [jobs[0].id]
+        assert [r.id for r in claim(limit=4, flow=flow)] == [j.id for j in jobs[1:]]
+    finally:
+        x.close()
+
+
 # Limited claims --------------------------------------------------------------------------------
 
 QUEUES = ("qa", "qb", "qc")
@@ -337,3 +350,26 @@ def test_a_job_committed_while_the_limited_claim_waited_comes_back_keyed():
         conn.close()
     rows = result["rows"]
     assert [(r.id, r.keyed) for r in rows] == [(job.id, True)] and rows.keyed == 1
+
+
+def test_the_previous_releases_call_still_claims_without_the_new_column():
+    """Workers of the previous release (a rolling deploy) call dbqueue_claim_limited() and read
+    its twelve columns; it now runs the fixed claim."""
+    job = enqueue("record", serial_key="K")
+    params = {
+        **store.claim_statement(
+            worker_id="old", queues=["default"], limits=[5], limit=5, token=3, flow=limits(5)
+        )[1]
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT * FROM dbqueue_claim_limited(%(queues)s::text[], %(limits)s::int[], "
+            "%(limit)s, %(worker)s, %(token)s, %(q_conc)s::int[], %(q_rate_n)s::int[], "
+            "%(q_rate_period)s::float8[], %(q_rate_key)s::text[], %(t_names)s::text[], "
+            "%(t_conc)s::int[], %(t_rate_n)s::int[], %(t_rate_period)s::float8[], "
+            "%(t_rate_key)s::text[])",
+            params,
+        )
+        got = cursor.fetchall()
+        assert len(cursor.description) == 12
+    assert [row[0] for row in got] == [job.id]
