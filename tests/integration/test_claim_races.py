@@ -373,3 +373,32 @@ def test_the_previous_releases_call_still_claims_without_the_new_column():
         got = cursor.fetchall()
         assert len(cursor.description) == 12
     assert [row[0] for row in got] == [job.id]
+
+
+@pytest.mark.parametrize("partition", ["new", "existing"])
+def test_a_keyed_rate_limit_holds_across_claims_held_open(partition):
+    """X takes the 2 starts of a partition and stays open: a claim meanwhile passes the
+    partition over (it is being created, or locked) and says to look again soon; after X's
+    commit the window is full. Never 3 starts, never a wait."""
+    flow = limits(rate={"limit": 2, "period": 60, "key": "acct"})
+    if partition == "existing":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO dbqueue_limiter (scope, name, part) VALUES ('queue', 'default', '1')"
+            )
+    enqueue_many([("record", {"acct": 1})] * 5)
+    x = session()
+    try:
+        assert len(claim_on(x, flow=flow, worker="X")) == 2
+        with connection.cursor() as cursor:  # a claim that waits for X fails, not hangs
+            cursor.execute("SET lock_timeout = '5s'")
+        during = claim(flow=flow, worker="Y")
+        assert during == [] and during.reopen_in is not None and during.reopen_in < 1
+        x.commit()
+        after = claim(flow=flow, worker="Y")
+        assert after == [] and after.reopen_in > 50
+    finally:
+        x.close()
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'running'") == 2
