@@ -22,15 +22,15 @@ from django.db import migrations
 #   (dbqueue.serial_turns), so that a later statement of the same claim (the limited claim
 #   scans each queue with a new snapshot) cannot approve a second job of the key that became
 #   pending meanwhile; the same job may be approved again (a row re-checked after an update).
-# What it cannot see: a job that is not 'running' while its handler still runs (a lease lost
-# to a paused process, a timeout that gave the job back): those are the lease's and the
-# timeout's promises, not the claim's.
 # - dbqueue_serial_free(): 0011's test as it was, with no side effect, in the caller's
 #   snapshot: the limited claim's job-by-job scan filters with it (a job it says no to does not
 #   count against the scan's bound), and asks dbqueue_serial_turn() only for a job it is about
 #   to lock, after the type and partition checks. The scan is a plpgsql FOR loop, which fetches
 #   its rows ten at a time: a side effect in its WHERE would hold the keys of up to nine jobs the
 #   loop never reaches, passing them over for other claims until this one commits.
+# What it cannot see: a job that is not 'running' while its handler still runs (a lease lost
+# to a paused process, a timeout that gave the job back): those are the lease's and the
+# timeout's promises, not the claim's.
 # The unkeyed claim never calls it (serial_key IS NULL settles the OR first): its cost is what
 # it was. A partial unique index on (serial_key) WHERE state = 'running' was weighed and left
 # out: it cannot see the runs that overlap without two 'running' rows (above), and a violation
