@@ -396,8 +396,8 @@ class FinishedMinute(models.Model):
 
 
 # Flow control (docs/concepts.md#flow-control): a row per queue that operators pause and resume,
-# and the limiter rows that the limited claim (migration 0010, dbqueue_claim_limited) locks and
-# keeps its rate windows in. Neither is read by the claim of a worker with no limit configured,
+# and the limiter rows that the limited claim (dbqueue_claim_within_limits, migrations 0010 and
+# 0016) locks and keeps its rate windows in. Neither is read by the claim of a worker with no limit configured,
 # except for the pause probe (one index lookup per queue).
 
 

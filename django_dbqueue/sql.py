@@ -430,14 +430,17 @@ SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s
 #   planner may run the anti-join after the lateral scan, locking rows of a paused queue).
 # - Serial keys (docs/concepts.md): a job with a serial key is a candidate only while no other
 #   job of its key is running and no older one (lower id) is pending, so jobs of one key run one
-#   at a time in enqueue order, a retrying older job holding back the newer ones. The test
-#   reads this statement's snapshot: a job another claimer is taking right now (locked, not
-#   committed) is still pending in it, so the newer job is passed over; of two jobs of a key in
-#   one batch, the newer sees the older pending. Waiting (workflow) jobs do not count. The test is
-#   dbqueue_serial_turn() (migration 0011; why a function: see there), STABLE, so it reads this
-#   statement's snapshot. A job without a key (serial_key IS NULL) never calls it; a keyed one
-#   probes dbqueue_job_serial_idx. A worker killed mid-job holds its key until the sweeper takes the
-#   expired lease back. Cost: the scan passes over the blocked jobs of busy keys on its way to
+#   at a time in enqueue order, a retrying older job holding back the newer ones. Waiting
+#   (workflow) jobs do not count. The test is dbqueue_serial_turn() (migration 0011 says why a
+#   function; migration 0016 how it decides): VOLATILE, so it looks with snapshots of its own,
+#   newer than this statement's, and a yes holds the key (a transaction-level advisory lock,
+#   tried, never waited for) until this claim commits. So a claim sees a job of the key that
+#   another claim took and committed, and passes over the key while another claim is deciding
+#   it; an older job that became pending after this statement began (a requeue, a workflow
+#   release) is seen too. Of two jobs of a key in one batch, the newer sees the older pending;
+#   one claim says yes to one job per key. A job without a key (serial_key IS NULL) never calls
+#   it; a keyed one probes dbqueue_job_serial_idx (twice when it is its turn). A worker killed
+#   mid-job holds its key until the sweeper takes the expired lease back. Cost: the scan passes over the blocked jobs of busy keys on its way to
 #   claimable ones, so a long backlog behind one key in a shared queue makes every claim of that
 #   queue read it (give such keys their own queue).
 # - A keyed job holds its key for the fleet from its claim on, so it is never claimed ahead of a
@@ -510,21 +513,23 @@ FROM claimed
 """
 
 # The claim of a worker with a fleet-wide concurrency or rate limit configured: still one
-# statement, around dbqueue_claim_limited() (migration 0010 says why it is a function: the
-# counts must be read after the limiter locks, with a newer snapshot than this statement's).
-# Same columns as CLAIM_JOBS, plus ``keyed`` (read here, by primary key, rather than returned by
-# the function: a new column in its result would break the workers of the previous release
-# during a rolling deploy); after the jobs, at most one row with a NULL id that says what
-# held the claim back (see store.claimed_rows). Parameters as CLAIM_JOBS, plus per queue its
-# fleet-wide concurrency and rate limit (NULL: none) and the limited types with theirs.
+# statement, around dbqueue_claim_within_limits() (migration 0010 says why it is a function: the
+# counts must be read after the limiter locks, with a newer snapshot than this statement's;
+# migration 0016 why that name, and why its claims never wait for each other but at the
+# limiter rows of (a), in one order). Same columns as CLAIM_JOBS, ``keyed`` included, read by
+# the function's own UPDATE (a subquery here read this statement's snapshot, taken before the
+# function waited for its lock: a job enqueued meanwhile came back not keyed); after the jobs,
+# at most one row with a NULL id that says what held the claim back (see store.claimed_rows).
+# Parameters as CLAIM_JOBS, plus per queue its fleet-wide concurrency and rate limit (NULL:
+# none) and the limited types with theirs.
 CLAIM_LIMITED = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
 )
-SELECT f.*, (SELECT j.serial_key IS NOT NULL FROM dbqueue_job AS j WHERE j.id = f.id) AS keyed
+SELECT f.*
 FROM commit_mode,
-     dbqueue_claim_limited(
+     dbqueue_claim_within_limits(
          %(queues)s::text[], %(limits)s::int[], %(limit)s, %(worker)s, %(token)s,
          %(q_conc)s::int[], %(q_rate_n)s::int[], %(q_rate_period)s::float8[],
          %(q_rate_key)s::text[], %(t_names)s::text[], %(t_conc)s::int[], %(t_rate_n)s::int[],
@@ -1004,7 +1009,7 @@ ORDER BY 1, 2
 
 # Flow control ----------------------------------------------------------------------------------
 # Pause or resume a queue for the whole fleet: the claims read dbqueue_queue (CLAIM_JOBS,
-# dbqueue_claim_limited). A resume also wakes the queue's workers, in the same transaction
+# dbqueue_claim_within_limits). A resume also wakes the queue's workers, in the same transaction
 # (delivered at its commit; an operator action, not a hot path): payload "<count>:<queue>" as
 # wakeup.payload builds it, counting the due jobs up to a bound, so a group wakes as many
 # workers as there are jobs.
