@@ -282,6 +282,25 @@ def test_run_on_failure_requeue_and_a_death_of_another_dependency(requeue_first)
     assert counted(d) == ("pending", 0)
 
 
+def test_run_on_failure_requeue_held_open_while_another_dependency_completes():
+    """b dead counts as finished for d; b's requeue (uncommitted) counts it again, and a's
+    completion meanwhile waits for d's lock, then counts a down from the requeue's count."""
+    a, b, d = graph("run")
+    token_a = run(a)
+    die(b, run(b))
+    assert counted(d) == ("waiting", 1)
+    requeue = Session(lambda: store.requeue("default", [b]), hold=True)
+    assert requeue.ran_or_blocked()
+    completion = Session(lambda: complete(a, token_a))
+    blocked = not completion.ran_or_blocked()
+    requeue.finish()
+    completion.finish()
+    assert blocked, "the completion did not wait for the requeue holding d"
+    assert counted(d) == ("waiting", 1)  # a done, b pending again: d waits for b
+    complete(b, run(b))
+    assert counted(d) == ("pending", 0)
+
+
 # 3. A caller's open transaction holds no running job's row -----------------------------------
 
 
