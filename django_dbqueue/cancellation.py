@@ -20,17 +20,18 @@ UNKNOWN = "unknown"  # no such job (never existed, or deleted by retention)
 
 _OUTCOMES = {"cancelled": CANCELLED, "running": CANCELLING, "finished": FINISHED}
 MAX_BY = 200  # dbqueue_job.cancelled_by is varchar(200)
-MAX_ID = 2**63 - 1  # dbqueue_job.id is bigint
+MAX_ID = validation.MAX_JOB_ID
 
 
 def _job_id(value):
     if isinstance(value, EnqueuedJob):
         return value.id
-    if isinstance(value, bool) or not isinstance(value, int):
+    problem = validation.job_id_problem(value)
+    if problem == "type":
         raise TypeError(
             f"cancel() takes job ids (int) or EnqueuedJob, got {validation.shown(value)}"
         )
-    if not 1 <= value <= MAX_ID:
+    if problem == "range":
         raise ValueError(f"cancel(): {validation.shown(value)} is not a job id (1 to 2**63-1)")
     return value
 
@@ -47,7 +48,10 @@ def cancel(job_ids, *, by=None, using=None):
     being cancelled again keeps the first request and its author.
 
     Runs on the caller's transaction: inside ``transaction.atomic()`` the cancel commits (and
-    the workers are told) with the caller's commit, or not at all. Jobs of a workflow that wait
+    the workers are told) with the caller's commit, or not at all. A running job's row is not
+    written until that commit (a deferred trigger marks it then, sql.CANCEL_JOBS), so however
+    long the transaction stays open, its worker's heartbeat and completions never wait for it;
+    a job that finished before the commit is left as it ended. Jobs of a workflow that wait
     for a cancelled job are cancelled with it (or run, with ``on_failure="run"``); those
     waiting for a running job wait for its end.
     """

@@ -79,7 +79,8 @@ class BackgroundJob(models.Model):
     # for, and the ids of the jobs that wait for this one (NULL for a job outside a workflow:
     # the completion and the trigger of migration 0009 then do nothing more for it). On the row
     # itself, so that a completion reads the newest list even when it had to wait for the
-    # transaction that added a dependent (see sql.COMPLETE_JOBS).
+    # commit that added a dependent (a deferred trigger of migration 0015 appends to it at the
+    # commit of the workflow's transaction; see sql.INSERT_WORKFLOW and sql.COMPLETE_JOBS).
     waiting_on = models.PositiveIntegerField(db_default=0, default=0, editable=False)
     dependents = IdArrayField(null=True, blank=True, editable=False)
     # Cancelling (docs/concepts.md): when a cancel was asked for, and by whom ("admin:<user>",

@@ -286,22 +286,29 @@ STOP_WAITING = "SELECT pg_advisory_unlock_all()"
 
 # A workflow (workflow.py, docs/workflows.md): its jobs and their dependency edges in one
 # statement, so the whole graph commits or rolls back with the caller's transaction.
-# - ``existing``: the dependencies that are jobs already in the table, locked (in id order) so
-#   that none of them can finish between the moment this statement counts it as not done and the
-#   moment the new dependents are added to its ``dependents``: a completion waits for this
-#   transaction, then reads the list from the row version committed here (COMPLETE_JOBS).
-# - Nothing is inserted when one of them is missing, dead or cancelled: the caller reads them
-#   back from the result and raises an error naming them.
+# - ``existing``: the dependencies that are jobs already in the table, read, not locked. This
+#   statement writes only new rows: the new jobs, their edges, and for each edge to an existing
+#   job a row of dbqueue_link_at_commit, which its deferred trigger (migration 0015) applies at
+#   the caller's COMMIT: it appends the new dependent to that job's ``dependents`` and settles
+#   the dependent against the job's newest state. Locking a running dependency here instead held
+#   its row until the caller's transaction ended, and its worker's heartbeat, completion and
+#   claims waited for it (their loop froze; past the lease, every job of that worker was swept).
+#   Now the lock lives for the commit only; a completion that commits first is seen by the
+#   trigger, one that comes after reads ``dependents`` (COMPLETE_JOBS).
+# - Nothing is inserted when one of them is missing, dead or cancelled in this statement's
+#   snapshot: the caller reads them back from the result and raises an error naming them. One
+#   that dies or is cancelled before the commit cancels the dependent at the commit (unless
+#   on_failure="run"), as it would have a moment later.
 # - Ids are taken from the sequence first (in the order given), so that the edges, given as
 #   positions in the batch, can name the new jobs in the same statement.
 # - A job with dependencies not done yet starts ``waiting`` (the claim's index never sees it),
 #   counting them in waiting_on; the others start pending, and wake the workers after the
-#   commit (wakeup.py) when one waits on their queue (WAKEUPS_WANTED).
+#   commit (wakeup.py) when one waits on their queue (WAKEUPS_WANTED). One whose existing
+#   dependencies are all done by the commit is made pending there (and the workers woken).
+# - A workflow whose dependencies are all new jobs writes no link row: no trigger fires.
 INSERT_WORKFLOW = """
 WITH existing AS MATERIALIZED (
     SELECT id, state FROM dbqueue_job WHERE id = ANY(%(existing)s::bigint[])
-    ORDER BY id
-    FOR NO KEY UPDATE
 ),
 accepted AS MATERIALIZED (
     SELECT count(*) = cardinality(%(existing)s::bigint[])
@@ -354,21 +361,17 @@ linked AS (
     FROM edges AS e JOIN ids AS j ON j.ord = e.job_ord LEFT JOIN ids AS d ON d.ord = e.dep_ord
     RETURNING 1
 ),
-flagged AS (
-    UPDATE dbqueue_job AS x
-    SET dependents = COALESCE(x.dependents, '{}') || a.ids
-    FROM (
-        SELECT e.dep_id, array_agg(w.id ORDER BY w.id) AS ids
-        FROM edges AS e JOIN ids AS w ON w.ord = e.job_ord
-        WHERE e.dep_id IS NOT NULL
-        GROUP BY e.dep_id
-    ) AS a
-    WHERE x.id = a.dep_id
+at_commit AS (
+    INSERT INTO dbqueue_link_at_commit (job_id, depends_on_id, run_on_failure)
+    SELECT w.id, e.dep_id, e.run_on_failure
+    FROM edges AS e JOIN ids AS w ON w.ord = e.job_ord
+    WHERE e.dep_id IS NOT NULL
+    ORDER BY e.dep_id, w.id
     RETURNING 1
 ),
 wanted AS MATERIALIZED ({wanted})
 SELECT 'job', i.id, i.state, i.queue, CASE WHEN i.state = 'pending' THEN w.wanted END,
-       (SELECT count(*) FROM linked) + (SELECT count(*) FROM flagged)
+       (SELECT count(*) FROM linked) + (SELECT count(*) FROM at_commit)
 FROM inserted AS i LEFT JOIN wanted AS w USING (queue)
 UNION ALL
 SELECT 'dependency', id, state, NULL, NULL, 0 FROM existing
@@ -553,11 +556,16 @@ FROM commit_mode,
 #   dependencies completed here; two workers completing dependencies of the same jobs take the
 #   locks in the same order (no deadlock), and the second one's UPDATE re-reads the row the first
 #   one committed, so the counter goes down one completion after the other.
-# - A dependent this statement cannot see at all was inserted by a workflow that committed while
-#   this statement waited for the completed row's lock (it locks its existing dependencies):
-#   its row is newer than this statement's snapshot. ``late`` hands those to
-#   dbqueue_release_late() (migration 0009), whose statements see it, and which counts the
-#   dependent's dependencies again (the ones completed here counted as done).
+# - A dependent this statement cannot see at all was linked by a workflow whose commit (its
+#   deferred trigger, migration 0015) ran while this statement waited for the completed row's
+#   lock: its row is newer than this statement's snapshot. A dependent it sees ``cancelled``
+#   may be coming back (a requeue of its failed dependency, in flight or committed since this
+#   snapshot) and counting the dependency completed here as not done. ``late`` hands both to
+#   dbqueue_release_late() (migration 0015), which locks them, waiting or cancelled, and whose
+#   next statement sees every commit before that lock: it counts a waiting one's dependencies
+#   again (the ones completed here counted as done). A requeue that comes after the lock sees
+#   this completion committed. Dependents seen waiting are counted down here, under their lock,
+#   and those seen in any other state (pending, running, finished) need nothing.
 # - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row,
 #   and the function is not called.
 # Cancelling (docs/concepts.md): a job whose cancel was asked for while it ran carries
@@ -619,7 +627,8 @@ late AS (
     SELECT f.queue
     FROM (
         SELECT array_agg(c.id) AS ids FROM counts AS c
-        WHERE NOT EXISTS (SELECT 1 FROM dbqueue_job AS v WHERE v.id = c.id)
+        WHERE NOT EXISTS (SELECT 1 FROM dbqueue_job AS v
+                          WHERE v.id = c.id AND v.state <> 'cancelled')
     ) AS unseen
     CROSS JOIN LATERAL dbqueue_release_late(unseen.ids, ARRAY(SELECT id FROM completed
                                                               WHERE done)) AS f(queue)
@@ -908,24 +917,38 @@ RETURNING id, queue
 # and whatever the run's outcome, the write that ends it ends it cancelled (COMPLETE_JOBS,
 # FAIL_JOB, END_CANCELLED, RESCUE_EXPIRED, the releases). Marking again keeps the first request
 # and its author. The workflow trigger cancels the jobs waiting for a cancelled one
-# (docs/workflows.md); a running job's dependents wait for its end. The UPDATE re-reads a row
-# that changed while it waited for its lock, so a job it did not move has finished (done, dead,
-# cancelled); an id missing from the result is unknown.
+# (docs/workflows.md); a running job's dependents wait for its end.
+# A running job is not written here: this statement writes a row of dbqueue_cancel_at_commit,
+# whose deferred trigger (migration 0015) marks the job at the caller's COMMIT, so the caller's
+# transaction holds the running row's lock for its commit only (held from here, it stopped the
+# job's worker: its heartbeat, completion and claims wait for it). The same goes for a job this
+# statement saw pending or waiting and that a worker claimed meanwhile (the UPDATE re-reads it
+# and leaves it). At the commit the trigger marks it if it still runs, cancels it if it waits
+# again (a retry), and leaves it if it finished meanwhile. An id missing from the result is
+# unknown.
 CANCEL_JOBS = """
 WITH moved AS (
     UPDATE dbqueue_job AS j
-    SET state = CASE WHEN j.state = 'running' THEN 'running' ELSE 'cancelled' END,
-        finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
-        waiting_on = 0,
-        cancel_requested_at = COALESCE(j.cancel_requested_at, now()),
-        cancelled_by = COALESCE(j.cancelled_by, %(by)s)
+    SET state = 'cancelled', finished_at = now(), waiting_on = 0,
+        cancel_requested_at = now(), cancelled_by = %(by)s
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('pending', 'waiting')
+    RETURNING j.id
+),
+requested AS (
+    INSERT INTO dbqueue_cancel_at_commit (job_id, cancelled_by)
+    SELECT j.id, %(by)s FROM dbqueue_job AS j
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('pending', 'waiting', 'running')
-    RETURNING j.id, j.state
+      AND j.id NOT IN (SELECT id FROM moved)
+    ORDER BY j.id
+    RETURNING job_id
 )
-SELECT id, state FROM moved
+SELECT id, 'cancelled' FROM moved
+UNION ALL
+SELECT job_id, 'running' FROM requested
 UNION ALL
 SELECT id, 'finished' FROM dbqueue_job
 WHERE id = ANY(%(ids)s::bigint[]) AND id NOT IN (SELECT id FROM moved)
+  AND id NOT IN (SELECT job_id FROM requested)
 """
 
 # Deletes finished jobs (done, dead, cancelled) only: the state test sits in the DELETE itself,

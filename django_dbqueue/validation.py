@@ -20,6 +20,7 @@ INT32_MAX = 2**31 - 1  # the integer columns (max_attempts, attempt) are Postgre
 MAX_QUEUE_NAME = 100  # dbqueue_job.queue is varchar(100)
 MAX_TYPE_NAME = 200  # dbqueue_job.type and dbqueue_schedule.name are varchar(200)
 MAX_KEY = 300  # dbqueue_job.idempotency_key and dbqueue_delivery.key are varchar(300)
+MAX_JOB_ID = 2**63 - 1  # dbqueue_job.id is bigint
 # No number of seconds handed to PostgreSQL is larger: ten years, far inside what interval and
 # timestamptz arithmetic can carry, and far outside any schedule a queue is for.
 MAX_SECONDS = 10 * 365 * 86400
@@ -113,6 +114,14 @@ def integer(value, label, *, minimum, maximum=INT32_MAX, error=ValueError):
     if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise error(f"{label} must be an integer from {minimum} to {maximum}, got {shown(value)}")
     return int(value)
+
+
+def job_id_problem(value):
+    """Why ``value`` cannot be a job id (an ``int`` from 1 to 2**63-1), or ``None``: ``"type"``
+    for a non-int (a bool included), ``"range"`` for an int outside the bigint ids."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return "type"
+    return None if 1 <= value <= MAX_JOB_ID else "range"
 
 
 def priority(value, label="priority", error=ValueError):

@@ -92,8 +92,14 @@ class Workflow:
             return dependency
         if isinstance(dependency, EnqueuedJob):
             return dependency.id
-        if isinstance(dependency, int) and not isinstance(dependency, bool) and dependency > 0:
+        problem = validation.job_id_problem(dependency)
+        if problem is None:
             return dependency
+        if problem == "range":
+            raise EnqueueError(
+                f"{job!r}: {validation.shown(dependency)} is not a job id (1 to 2**63-1); "
+                "nothing was enqueued"
+            )
         raise EnqueueError(
             f"{job!r}: a dependency must be a job of this workflow, an EnqueuedJob or a job id, "
             f"got {validation.shown(dependency)}"
@@ -243,7 +249,16 @@ def chain(*jobs, using=None):
 
 def group(*jobs, then=None, using=None):
     """Enqueue ``jobs`` to run in parallel and, with ``then``, a callback that runs once after
-    all of them are done (a chord); returns their :class:`EnqueuedJob`, the callback last."""
+    all of them are done (a chord); returns their :class:`EnqueuedJob`, the callback last.
+    ``then`` with no ``jobs`` raises ``EnqueueError`` (the callback would not wait for
+    anything); ``group()`` alone enqueues nothing and returns ``[]``."""
+    if then is not None and not jobs:
+        # A callback of no members would wait for nothing and run at once: almost always a list
+        # that came out empty by mistake. enqueue() says so when it is meant.
+        raise EnqueueError(
+            "group(then=...) has no members: the callback would run at once, waiting for "
+            "nothing; enqueue it directly if that is what you mean. Nothing was enqueued"
+        )
     wf = Workflow()
     members = [_add_spec(wf, spec, [], f"group job #{i}") for i, spec in enumerate(jobs)]
     if then is not None:

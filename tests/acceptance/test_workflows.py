@@ -1,15 +1,18 @@
 """Fan-in workflows drained by real worker processes, one of them killed with SIGKILL mid-run:
 every callback runs once, after all its members, and none twice because of the release."""
 
+import datetime
 import os
 import signal
+import threading
 
 import pytest
+from django.db import connections, transaction
 
-from django_dbqueue import group
-from tests.acceptance.helpers import rows, wait_all_in_state
+from django_dbqueue import cancel, enqueue, group
+from tests.acceptance.helpers import effect_count, enqueue_jobs, rows, wait_all_in_state
 from tests.acceptance.settings_fast import FAST_DBQUEUE
-from tests.utils import wait_until
+from tests.utils import job_row, wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -81,3 +84,60 @@ def test_fan_in_workflows_survive_a_killed_worker(start_worker, settings):
     print(f"{left} callbacks not done at the kill; {swept} runs of the killed worker swept back")
     for worker in workers[1:]:
         worker.assert_alive()
+
+
+@pytest.mark.parametrize("write", ["workflow", "cancel"])
+def test_a_callers_open_transaction_does_not_stop_the_worker_of_a_running_job(
+    start_worker, settings, tmp_path, write
+):
+    """A caller adds a workflow job after a running one, or cancels it, then keeps its
+    transaction open for longer than the lease. The worker holding the job keeps beating for
+    it (its lease goes on past the original one, nothing is swept), and completes and claims
+    other jobs meanwhile; the write reaches the running job at the caller's commit (migration
+    0015). Before, the caller's statement locked the job's row until its commit: the worker's
+    heartbeat, completion and next claim waited for it, and past the lease its jobs were swept
+    and ran again."""
+    settings.DBQUEUE = FAST_DBQUEUE  # the 4 s lease is fixed at enqueue time
+    flag = tmp_path / "finish"
+    running = enqueue("slow-record", {"until_file": str(flag)}).id
+    worker = start_worker("--concurrency", "2", settings=FAST)
+    wait_until(lambda: effect_count([running]) == 1, timeout=30, message="the job to start")
+    others, outcome = [], {}
+
+    def other_jobs():  # on a connection of its own: the test's is inside the caller's atomic
+        try:
+            others.extend(enqueue_jobs("record", 5))
+        finally:
+            connections["default"].close()
+
+    with transaction.atomic():
+        if write == "workflow":
+            outcome["job"] = enqueue("collect", {}, depends_on=[running])
+        else:
+            outcome["cancel"] = cancel(running, by="ops")
+        started = rows("SELECT clock_timestamp()")[0][0]
+        producer = threading.Thread(target=other_jobs)
+        producer.start()
+        producer.join(30)
+        wait_all_in_state(others, "done", timeout=30)  # completed and claimed meanwhile
+        # Held past the lease: the worker's heartbeat must go on extending it.
+        wait_until(
+            lambda: (
+                rows("SELECT leased_until FROM dbqueue_job WHERE id = %s", [running])[0][0]
+                > started + datetime.timedelta(seconds=FAST_DBQUEUE["LEASE"] * 1.5)
+            ),
+            timeout=30,
+            message="the heartbeat to extend the lease past the caller's transaction",
+        )
+        assert rows("SELECT state, attempts FROM dbqueue_job WHERE id = %s", [running]) == [
+            ("running", 1)
+        ]
+    flag.touch()
+    if write == "workflow":
+        wait_all_in_state([running, outcome["job"].id], "done", timeout=30)
+    else:
+        assert outcome["cancel"] == {running: "cancelling"}
+        wait_all_in_state([running], "cancelled", timeout=30)
+        assert job_row(running)["cancelled_by"] == "ops"
+    assert effect_count([running]) == 1  # it ran once: never swept
+    worker.assert_alive()

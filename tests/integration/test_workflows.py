@@ -3,6 +3,7 @@ results, and the refusals at enqueue. Workers run in-process (see conftest.start
 
 import threading
 
+import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
@@ -14,6 +15,7 @@ from django_dbqueue import (
     store,
     workflow,
 )
+from django_dbqueue.connections import connection_params
 from tests.utils import job_row, scalar, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -270,9 +272,11 @@ def _complete_both_at_once(*, late_first):
 
 
 def test_a_dependent_added_while_its_dependency_completes_is_released():
-    """A workflow adds a dependent to a running job and holds its transaction open; the job's
-    completion waits for it (the workflow locks its existing dependencies), so the new dependent
-    is newer than the completion's snapshot. The completion still releases it."""
+    """A workflow adds a dependent to a running job; its commit (the deferred link of migration
+    0015) and the job's completion both wait for the job's row, the commit first. The commit
+    links the dependent to the job still running; the completion, whose snapshot is older than
+    that commit, reads the new dependent in the row's ``dependents`` but cannot see its row:
+    dbqueue_release_late() counts it again and releases it."""
     running = enqueue("echo", {})
     token = store.new_token()
     assert [
@@ -281,15 +285,16 @@ def test_a_dependent_added_while_its_dependency_completes_is_released():
             "default", worker_id="t", queues=["default"], limits=[1], limit=1, token=token
         )
     ] == [running.id]
-    added, release_enqueuer = threading.Event(), threading.Event()
+    added, commit = threading.Event(), threading.Event()
     holder, pids, results = {}, {}, {}
 
     def enqueue_after():
         try:
+            pids["enqueuer"] = scalar("SELECT pg_backend_pid()")
             with transaction.atomic():
                 holder["job"] = enqueue("echo", {"after": 1}, depends_on=[running])
                 added.set()
-                release_enqueuer.wait(10)
+                commit.wait(10)
         finally:
             connections["default"].close()
 
@@ -300,25 +305,27 @@ def test_a_dependent_added_while_its_dependency_completes_is_released():
         finally:
             connections["default"].close()
 
-    enqueuer = threading.Thread(target=enqueue_after)
-    enqueuer.start()
-    assert added.wait(10)
-    completer = threading.Thread(target=complete)
-    completer.start()
-    wait_until(
-        lambda: (
-            "completer" in pids
-            and scalar(
-                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pids["completer"]]
-            )
-            == "Lock"
-        ),
-        message="the completion waits for the workflow's lock",
-    )
-    release_enqueuer.set()
+    def waits_on_lock(name):
+        return name in pids and scalar(
+            "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+            [pids[name]],
+        )
+
+    with psycopg.connect(**connection_params("default")) as held:
+        held.execute("SELECT 1 FROM dbqueue_job WHERE id = %s FOR NO KEY UPDATE", [running.id])
+        enqueuer = threading.Thread(target=enqueue_after)
+        enqueuer.start()
+        assert added.wait(10)
+        commit.set()
+        wait_until(lambda: waits_on_lock("enqueuer"), message="the commit waits for the row")
+        completer = threading.Thread(target=complete)
+        completer.start()
+        wait_until(lambda: waits_on_lock("completer"), message="the completion waits after it")
+        held.rollback()
     enqueuer.join(20)
     completer.join(20)
     assert results["done"] == {running.id}
+    assert job_row(running.id)["dependents"] == [holder["job"].id]
     row = job_row(holder["job"].id)
     assert (row["state"], row["waiting_on"]) == ("pending", 0)
 
