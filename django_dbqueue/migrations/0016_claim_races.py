@@ -483,7 +483,7 @@ REVERSE = (
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_dbqueue", "0014_wakeup_slots"),
+        ("django_dbqueue", "0015_workflow_races"),
     ]
 
     operations = [
