@@ -7,6 +7,8 @@ the lease token); it returns an ``Outcome`` and never raises.
 ``ThreadPool`` (``EXECUTION = "thread"``, the default) runs handlers on ``concurrency`` threads.
 A thread cannot be stopped: when a run passes its timeout, the watchdog records the attempt as
 failed and the pool starts a replacement thread, so jobs waiting behind the hung one still run.
+(A job that a fleet-wide concurrency limit counts, or that has a serial key, stays ``running``
+until its thread returns: its failure is written then; heartbeat.py.)
 Past ``HUNG_THREAD_LIMIT`` replacements the worker stops claiming, hands back what it has not
 started and exits non-zero, so that its supervisor restarts it.
 
@@ -204,6 +206,9 @@ class ConnectionHygiene:
 class ThreadPool:
     """``size`` handler threads fed from one local queue; hung threads are replaced."""
 
+    # A run past its timeout goes on in its thread (ProcessPool kills its child instead).
+    kills_at_timeout = False
+
     def __init__(self, worker, size, *, hung_limit):
         self.worker = worker
         self.size = size
@@ -312,5 +317,7 @@ def make_pool(worker, mode, size, *, hung_limit):
     if mode == "process":
         from .processes import ProcessPool
 
-        return ProcessPool(worker, size, hung_limit=hung_limit)
+        pool = ProcessPool(worker, size, hung_limit=hung_limit)
+        pool.kills_at_timeout = True  # its abandon() kills the child running the job
+        return pool
     return ThreadPool(worker, size, hung_limit=hung_limit)
