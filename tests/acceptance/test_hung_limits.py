@@ -13,7 +13,7 @@ import signal
 import pytest
 
 from django_dbqueue import enqueue, enqueue_many
-from tests.acceptance.helpers import rows, wait_all_in_state
+from tests.acceptance.helpers import enqueue_jobs, rows, states, wait_all_in_state
 from tests.acceptance.settings_hung_limits import HUNG_LIMITS_DBQUEUE
 from tests.utils import wait_until
 
@@ -151,3 +151,15 @@ def test_a_limited_run_still_going_after_the_shutdown_grace_is_not_handed_back(
     recorded = runs(gone)
     assert most_at_once(recorded) <= LIMIT, recorded
     second.assert_alive()
+
+
+def test_hung_thread_limit_counts_the_threads_stuck_now_not_every_timeout(start_worker):
+    """Concurrency 2 (HUNG_THREAD_LIMIT defaults to it): 8 jobs each run past their timeout
+    and return a moment after it. Never more than 2 threads are stuck at once, so the worker
+    never gives up: it ends its burst with exit 0, every job dead after its one attempt."""
+    jobs = enqueue_jobs("slow-but-finishing", 8)
+    worker = start_worker("--concurrency", "2", "--burst", settings=SETTINGS)
+    assert worker.wait_exit(90) == 0, worker.output()
+    assert "giving up" not in worker.stderr(), worker.output()
+    assert worker.stderr().count("dbqueue timeout job=") == 8, worker.output()
+    assert dict(states(jobs)) == {"dead": 8}

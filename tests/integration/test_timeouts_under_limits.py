@@ -5,9 +5,13 @@ whose pool is not started, against the real database: the watchdog (check_timeou
 heartbeat (beat_once), the pool's end of the run (finished) and the acknowledgement flush,
 in each order that matters. And HUNG_THREAD_LIMIT counting the threads stuck now."""
 
+import time
+import types
+
 import pytest
 
 from django_dbqueue import enqueue
+from django_dbqueue.execution import ThreadPool
 from django_dbqueue.processes import ProcessPool, _Child
 from django_dbqueue.worker import Worker
 from tests.integration.conftest import FAST
@@ -160,3 +164,41 @@ def test_in_process_mode_the_timeout_failure_waits_for_the_child_to_be_dead(idle
     row = job_row(job.id)
     assert row["state"] == "pending"
     assert [e["class"] for e in row["errors"]] == ["TimeoutError"]
+
+
+class FakeWorker:
+    def __init__(self):
+        self.reasons = []
+
+    def fatal(self, reason):
+        self.reasons.append(reason)
+
+
+def test_hung_thread_limit_counts_the_threads_stuck_now_in_either_order():
+    worker = FakeWorker()
+    pool = ThreadPool(worker, 1, hung_limit=1)
+    spawned = []
+    pool._spawn = lambda: spawned.append(1)
+
+    class Run:  # hashable, like an inflight Entry
+        def __init__(self, job_id):
+            self.ctx = types.SimpleNamespace(id=job_id, type="hang")
+            self.started = time.monotonic()
+
+    entry = Run
+
+    for job_id in range(10):  # stuck, then returns: never more than 1 stuck at once
+        stuck = entry(job_id)
+        pool.abandon(stuck)
+        assert pool.hung == 1
+        pool._returned_late(stuck)
+        assert pool.hung == 0
+    late = entry(10)  # returns before the watchdog's abandon() sees it
+    pool._returned_late(late)
+    pool.abandon(late)
+    assert pool.hung == 0
+    assert len(spawned) == 11  # a replacement for each thread that left
+    assert worker.reasons == []
+    pool.abandon(entry(11))
+    pool.abandon(entry(12))  # two stuck at once, past the limit of 1
+    assert pool.hung == 2 and len(worker.reasons) == 1

@@ -51,6 +51,20 @@ def run_recorded(ctx):
     _recorded_run(ctx)
 
 
+@job("slow-but-finishing", timeout=1.0, max_attempts=1)
+def slow_but_finishing(ctx):
+    """Runs past its timeout of 1 s, and returns as soon as its timeout is written (the job
+    left `running`): slow, but it does finish. Bounded at 60 s."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT state FROM dbqueue_job WHERE id = %s", [ctx.id])
+            (state,) = cursor.fetchone()
+        if state != "running":
+            return
+        time.sleep(0.02)
+
+
 @job("serial-hang", serial_key=lambda payload: payload.get("account"), timeout=1.0)
 def serial_hang(ctx):
     """A serially keyed job that hangs past its timeout until the test lets it return."""
