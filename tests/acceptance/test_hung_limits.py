@@ -69,27 +69,32 @@ def limited_jobs(job_type, count, **payload):
     ]
 
 
-def claimed_since(worker):
-    """Returns once ``worker`` (serving "default" too) has run a claim that started after this
-    call: a job enqueued now on the unlimited queue is done."""
-    marker = enqueue("record", queue="default").id
+def claimed_since(queue):
+    """Returns once the worker that alone serves ``queue`` (an unlimited one) has run a claim
+    that started after this call: a job enqueued now on that queue is done."""
+    marker = enqueue("record", queue=queue).id
     wait_all_in_state([marker], "done", timeout=30)
 
 
 def test_a_limited_run_past_its_timeout_counts_until_its_thread_returns(start_worker, tmp_path):
-    """Thread mode, global_concurrency=2, 4 jobs that hang past their timeout of 1 s until the
-    test lets them return. At their timeout the first two stay `running` (their threads still
-    run); the worker's next claim, with free threads, starts none of the other two. Once they
-    return, their failures are written and everything runs, never more than 2 at once."""
+    """Thread mode, global_concurrency=2, two workers with 3 threads each, 4 jobs that hang
+    past their timeout of 1 s until the test lets them return. At their timeout the first two
+    stay `running` (their threads still run); the claims both workers make afterwards, with
+    free threads, start none of the other two. Once the two return, their failures are written
+    and everything runs, never more than 2 at once."""
     release = tmp_path / "return"
     jobs = limited_jobs("hang-recorded", 4, until_file=str(release))
-    worker = start_worker("--queues", "limited2,default", "--concurrency", "4", settings=SETTINGS)
+    workers = [
+        start_worker("--queues", f"limited2,{own}", "--concurrency", "3", settings=SETTINGS)
+        for own in ("default", "emails")
+    ]
     wait_until(
-        lambda: worker.stderr().count("dbqueue timeout job=") >= LIMIT,
+        lambda: sum(w.stderr().count("dbqueue timeout job=") for w in workers) >= LIMIT,
         timeout=30,
         message=f"the first {LIMIT} runs to pass their timeout",
     )
-    claimed_since(worker)  # a claim with free threads after the timeouts were seen
+    for own in ("default", "emails"):
+        claimed_since(own)  # each worker claimed, with free threads, after the timeouts
     assert most_at_once(runs()) <= LIMIT, runs()
     first = [job_id for job_id, *_ in runs()]
     assert len(first) == LIMIT, runs()
@@ -108,7 +113,8 @@ def test_a_limited_run_past_its_timeout_counts_until_its_thread_returns(start_wo
     # The timed-out runs failed their first attempt with the timeout, written when they ended.
     for (errors,) in rows("SELECT errors::text FROM dbqueue_job WHERE id = ANY(%s)", [first]):
         assert [e["class"] for e in json.loads(errors)] == ["TimeoutError"], errors
-    worker.assert_alive()
+    for worker in workers:
+        worker.assert_alive()
 
 
 def test_a_limited_run_still_going_after_the_shutdown_grace_is_not_handed_back(
@@ -121,10 +127,10 @@ def test_a_limited_run_still_going_after_the_shutdown_grace_is_not_handed_back(
     starts nothing until worker 1 is gone; the jobs come back at lease expiry."""
     release, hold = tmp_path / "return", tmp_path / "exit"
     jobs = limited_jobs("run-recorded", 3, until_file=str(release), hold_exit_file=str(hold))
-    first = start_worker("--queues", "limited2,default", "--concurrency", "2", settings=SETTINGS)
+    first = start_worker("--queues", "limited2", "--concurrency", "2", settings=SETTINGS)
     wait_until(lambda: len(runs()) == LIMIT, timeout=30, message="worker 1 to start 2 runs")
     second = start_worker("--queues", "limited2,default", "--concurrency", "4", settings=SETTINGS)
-    claimed_since(second)  # worker 2 is up and claiming; the limit is full
+    claimed_since("default")  # worker 2 is up and claiming; the limit is full
     started = [job_id for job_id, *_ in runs()]
     first.send(signal.SIGTERM)
     wait_until(
@@ -140,7 +146,7 @@ def test_a_limited_run_still_going_after_the_shutdown_grace_is_not_handed_back(
         timeout=30,
         message="worker 1 to decide about its running jobs at the end of its grace",
     )
-    claimed_since(second)  # worker 2 claimed after that decision
+    claimed_since("default")  # worker 2 claimed after that decision
     assert first.alive(), first.output()  # its runs still go on in it
     assert most_at_once(runs()) <= LIMIT, runs()
     hold.touch()
