@@ -33,8 +33,8 @@ DEFAULTS = {
     "LISTEN": True,  # False for PgBouncer in transaction mode: poll only
     "LISTEN_DATABASE": None,  # alias with a direct connection for LISTEN; None = DATABASE
     "EXECUTION": "thread",  # "thread", or "process": handlers in child processes (hard timeout)
-    "HUNG_THREAD_LIMIT": None,  # handler threads replaced after a timeout before the worker
-    #                             exits for its supervisor to restart; None = the concurrency
+    "HUNG_THREAD_LIMIT": None,  # handler threads stuck past their timeout at once before the
+    #                             worker exits for its supervisor to restart; None = concurrency
     "UNKNOWN_TYPE_DELAY": 60.0,  # seconds before a job of a type this worker lacks is retried
     "UNKNOWN_TYPE_GRACE": 3600.0,  # seconds: an older job of an unknown type is dead at once
     "PREPARE": True,  # prepare the worker's hot statements on its own connections

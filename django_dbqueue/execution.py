@@ -7,8 +7,11 @@ the lease token); it returns an ``Outcome`` and never raises.
 ``ThreadPool`` (``EXECUTION = "thread"``, the default) runs handlers on ``concurrency`` threads.
 A thread cannot be stopped: when a run passes its timeout, the watchdog records the attempt as
 failed and the pool starts a replacement thread, so jobs waiting behind the hung one still run.
-Past ``HUNG_THREAD_LIMIT`` replacements the worker stops claiming, hands back what it has not
-started and exits non-zero, so that its supervisor restarts it.
+(A job that a fleet-wide concurrency limit counts, or that has a serial key, stays ``running``
+until its thread returns: its failure is written then; heartbeat.py.) With more than
+``HUNG_THREAD_LIMIT`` threads stuck at once (a stuck thread that returns counts no more) the
+worker stops claiming, hands back what it has not started and exits non-zero, so that its
+supervisor restarts it.
 
 ``ProcessPool`` (``EXECUTION = "process"``) runs each slot's handlers in a child process of its
 own. A run past its timeout is ended for real: the child is killed and replaced. That is the
@@ -204,14 +207,21 @@ class ConnectionHygiene:
 class ThreadPool:
     """``size`` handler threads fed from one local queue; hung threads are replaced."""
 
+    # A run past its timeout goes on in its thread (ProcessPool kills its child instead).
+    kills_at_timeout = False
+
     def __init__(self, worker, size, *, hung_limit):
         self.worker = worker
         self.size = size
         self.hung_limit = hung_limit
-        self.hung = 0  # threads given up on (a run past its timeout still holds them)
+        self.hung = 0  # threads stuck right now in runs given up past their timeout
         self._work = queue_module.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._serial = 0
+        # The watchdog (abandon) and a late thread's return (_left) meet here, in either order.
+        self._hung_lock = threading.Lock()
+        self._stuck: set = set()  # entries given up whose thread has not returned yet
+        self._left: set = set()  # entries whose thread returned before abandon() saw them
 
     def start(self):
         for _ in range(self.size):
@@ -230,24 +240,53 @@ class ThreadPool:
             self._work.put(entry)
 
     def abandon(self, entry):
-        """The watchdog gave up ``entry``'s run: replace its thread, up to the limit."""
-        self.hung += 1
-        if self.hung > self.hung_limit:
+        """The watchdog gave up ``entry``'s run: replace its thread. Past ``hung_limit`` threads
+        stuck at once, the worker gives up instead."""
+        with self._hung_lock:
+            if entry in self._left:
+                # Its thread returned in the meantime (and left, as one given up does).
+                self._left.discard(entry)
+                stuck = None
+            else:
+                self._stuck.add(entry)
+                self.hung += 1
+                stuck = self.hung
+        if stuck is not None and stuck > self.hung_limit:
             self.worker.fatal(
-                f"{self.hung} handler threads are stuck in runs past their timeout (more than "
+                f"{stuck} handler threads are stuck in runs past their timeout (more than "
                 f"HUNG_THREAD_LIMIT={self.hung_limit}); exiting so that the supervisor starts "
                 "a fresh process"
             )
             return
-        logger.warning(
-            "dbqueue: handler thread stuck in job=%s type=%s past its timeout; starting a "
-            "replacement (%d of at most %d)",
-            entry.ctx.id,
-            entry.ctx.type,
-            self.hung,
-            self.hung_limit,
-        )
+        if stuck is not None:
+            logger.warning(
+                "dbqueue: handler thread stuck in job=%s type=%s past its timeout; starting a "
+                "replacement (%d stuck now, at most %d)",
+                entry.ctx.id,
+                entry.ctx.type,
+                stuck,
+                self.hung_limit,
+            )
         self._spawn()
+
+    def _returned_late(self, entry):
+        """The thread of ``entry``, given up past its timeout, returned: it is stuck no more
+        (and leaves: a replacement took its place)."""
+        with self._hung_lock:
+            if entry in self._stuck:
+                self._stuck.discard(entry)
+                self.hung -= 1
+                logger.info(
+                    "dbqueue: the handler thread of job=%s returned %.1fs after its start "
+                    "(past its timeout); %d stuck now",
+                    entry.ctx.id,
+                    time.monotonic() - entry.started,
+                    self.hung,
+                )
+            else:
+                self._left.add(entry)
+            with contextlib.suppress(ValueError):
+                self._threads.remove(threading.current_thread())
 
     def cancel(self, entry):
         """``entry``'s cancel was asked for while it runs: tell its handler (any thread)."""
@@ -300,7 +339,9 @@ class ThreadPool:
                         hygiene.after()
                     worker.finished(entry)
                 if entry.timed_out:
-                    return  # a replacement took this thread's place while it was stuck
+                    # Given up past its timeout: a replacement takes (or took) its place.
+                    self._returned_late(entry)
+                    return
         finally:
             if loop is not None:
                 loop.close()
@@ -312,5 +353,7 @@ def make_pool(worker, mode, size, *, hung_limit):
     if mode == "process":
         from .processes import ProcessPool
 
-        return ProcessPool(worker, size, hung_limit=hung_limit)
+        pool = ProcessPool(worker, size, hung_limit=hung_limit)
+        pool.kills_at_timeout = True  # its abandon() kills the child running the job
+        return pool
     return ThreadPool(worker, size, hung_limit=hung_limit)

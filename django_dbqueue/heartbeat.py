@@ -6,7 +6,10 @@ missing from the answer was taken back by the sweeper and is marked lost, so it 
 and its outcome is discarded. The same answer says which held jobs were marked for
 cancellation: the backstop for a cancel notification that did not arrive. ``check_timeouts()`` gives up runs past their type's timeout:
 the attempt is recorded as failed (and retried elsewhere), and the handler pool replaces the
-thread that is still stuck in it.
+thread that is still stuck in it (or kills the child process running it). The failure is written
+at once only when nothing can overlap the run that may still be going; a job that a fleet-wide
+concurrency limit counts or that has a serial key, and any run in a child process, keeps its lease
+until its run has ended, and its failure is written then (``Worker.finished``).
 """
 
 import logging
@@ -53,7 +56,8 @@ class Heartbeat:
     def check_timeouts(self):
         """Give up the runs past their type's timeout; returns how many."""
         worker = self.worker
-        expired = worker.inflight.expire()
+        kills = worker.pool.kills_at_timeout
+        expired = worker.inflight.expire(keep=lambda entry: entry.exclusive or kills)
         for entry in expired:
             ctx = entry.ctx
             last = ctx.attempt >= ctx.max_attempts
@@ -64,15 +68,29 @@ class Heartbeat:
             record = error_record(exc, attempt=ctx.attempt, worker_id=worker.worker_id)
             record["traceback"] = ""
             delay = worker.retry_delay(registry.get(ctx.type), ctx.attempt)
-            # The outcome is written for this attempt now; the run's own outcome, if it ever
-            # returns, is discarded (the entry is given up).
-            worker.acks.fail(entry, record, delay=delay, duration=time.monotonic() - entry.started)
+            # The run may still be going: a thread that cannot be stopped, or a child process
+            # killed only just now. For a job a fleet-wide limit counts or with a serial key
+            # (and any run in a child), writing the failure now would end the job's `running`
+            # and free its slot (its key, its retry) beside that run: its lease is kept until
+            # the run has ended, and Worker.finished writes the failure then. Otherwise the
+            # failure is written for this attempt now, and whatever the run returns later is
+            # discarded (the entry is given up).
+            if not (
+                entry.kept_past_timeout and worker.inflight.hold_failure(entry, (record, delay))
+            ):
+                worker.acks.fail(
+                    entry, record, delay=delay, duration=time.monotonic() - entry.started
+                )
             logger.warning(
-                "dbqueue timeout job=%s type=%s attempt=%s after %gs",
+                "dbqueue timeout job=%s type=%s attempt=%s after %gs%s",
                 ctx.id,
                 ctx.type,
                 ctx.attempt,
                 entry.timeout,
+                "; it stays running until its handler returns (a fleet-wide limit or a serial "
+                "key counts it)"
+                if entry.kept_past_timeout and not kills
+                else "",
             )
             worker.pool.abandon(entry)
         return len(expired)

@@ -20,6 +20,15 @@ class Entry:
     timeout: float | None
     started: float | None = None  # time.monotonic() when a handler took it
     timed_out: bool = False  # given up by the watchdog: its outcome is discarded
+    # A job whose run must never overlap another (a fleet-wide concurrency limit of its queue or
+    # type counts it, or it has a serial key): past its timeout it stays ``running``, its lease
+    # renewed, while its thread still runs; ``timeout_failure`` is written when the run ends.
+    exclusive: bool = False
+    # Past its timeout with its lease kept until its run ends (exclusive, or in a child process
+    # that is being killed); ``timeout_failure`` is then written by Worker.finished.
+    kept_past_timeout: bool = False
+    timeout_failure: tuple | None = None  # (error record, retry delay) held for the run's end
+    ended: bool = False  # the pool is done with it (Inflight.end)
     lost: bool = False  # the lease went to someone else: never start it, discard its outcome
     released: bool = False  # handed back at shutdown
     withdrawn: bool = False  # cancelled before it started: never start it; its end is written
@@ -29,6 +38,14 @@ class Entry:
     def given_up(self):
         """This worker no longer speaks for the job: nothing it does about it is written."""
         return self.timed_out or self.lost or self.released or self.withdrawn
+
+    @property
+    def holds_lease(self):
+        """This worker still holds the job's lease: not lost, released or withdrawn, and either
+        not timed out or timed out with its failure held until the run ends."""
+        if self.lost or self.released or self.withdrawn:
+            return False
+        return not self.timed_out or self.kept_past_timeout
 
     @property
     def key(self):
@@ -60,6 +77,11 @@ class Inflight:
         with self._lock:
             return self._occupied()
 
+    def past_timeout(self):
+        """How many runs given up past their timeout keep their lease until they end."""
+        with self._lock:
+            return sum(1 for e in self._entries.values() if e.kept_past_timeout)
+
     def __len__(self):
         with self._lock:
             return len(self._entries)
@@ -74,9 +96,9 @@ class Inflight:
         return counts
 
     def held(self):
-        """Entries whose lease this worker still holds (not given up)."""
+        """Entries whose lease this worker still holds (``Entry.holds_lease``)."""
         with self._lock:
-            return [e for e in self._entries.values() if not e.given_up]
+            return [e for e in self._entries.values() if e.holds_lease]
 
     def tokens(self):
         """Every lease token this worker knows of, given up or not."""
@@ -92,13 +114,14 @@ class Inflight:
         lost = []
         with self._lock:
             for entry in entries:
-                if entry.key in self._entries and not entry.given_up:
+                if entry.key in self._entries and entry.holds_lease:
                     entry.lost = True
                     lost.append(entry)
         return lost
 
-    def expire(self, now=None):
-        """Give up the started runs past their timeout; returns them (now marked ``timed_out``)."""
+    def expire(self, now=None, *, keep=lambda entry: False):
+        """Give up the started runs past their timeout; returns them (now marked ``timed_out``,
+        and ``kept_past_timeout`` where ``keep(entry)`` says so)."""
         now = time.monotonic() if now is None else now
         expired = []
         with self._lock:
@@ -110,8 +133,26 @@ class Inflight:
                     and now - entry.started > entry.timeout
                 ):
                     entry.timed_out = True
+                    entry.kept_past_timeout = keep(entry)
                     expired.append(entry)
         return expired
+
+    def hold_failure(self, entry, failure):
+        """Keep ``failure`` for ``entry``'s end (Worker.finished writes it). Returns False when
+        the run has ended already: then the caller writes it."""
+        with self._lock:
+            if entry.ended or entry.key not in self._entries:
+                return False
+            entry.timeout_failure = failure
+            return True
+
+    def end(self, entry):
+        """``entry``'s run has ended (or it never started): returns the timeout failure held for
+        it (``hold_failure``), None when there is none; none can be held from now on. The
+        entry stays until ``remove``, so that the failure is buffered before it is gone."""
+        with self._lock:
+            entry.ended = True
+            return entry.timeout_failure
 
     def cancel(self, ids):
         """The cancel of the jobs ``ids`` was asked for. Returns ``(running, withdrawn)``: the
@@ -148,9 +189,15 @@ class Inflight:
         return entries
 
     def release_all(self):
-        """Mark every entry still held as released (after the shutdown grace); returns them."""
+        """After the shutdown grace: mark every entry still held as released, except the runs
+        that must not be handed back while they may still run: an exclusive job a handler still
+        runs (a second run could start beside it), and a run past its timeout whose failure
+        waits for its end. Those stay ``running`` and are written when they end, or taken back
+        when their lease expires after the process is gone. Returns ``(released, kept)``."""
         with self._lock:
-            entries = [e for e in self._entries.values() if not e.given_up]
-            for entry in entries:
+            held = [e for e in self._entries.values() if e.holds_lease]
+            kept = [e for e in held if e.started is not None and (e.exclusive or e.timed_out)]
+            released = [e for e in held if e not in kept]
+            for entry in released:
                 entry.released = True
-        return entries
+        return released, kept

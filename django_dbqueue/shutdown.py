@@ -1,6 +1,8 @@
 """Stopping a worker: hand back what has not started, give running handlers their grace
-period, write every outcome, then release what is still running. Outcomes always go first: a job
-that finished is written as finished, never handed back to run again.
+period, write every outcome, then release what is still running (except the runs that must not
+overlap a second one: those stay claimed until their lease expires after the process is gone).
+Outcomes always go first: a job that finished is written as finished, never handed back to run
+again.
 
 After ``burst`` or ``max_jobs`` everything claimed is let finish; after a signal or a fatal error
 (``Worker.fatal``) the graceful stop below applies.
@@ -64,11 +66,17 @@ def release(w, entries, why):
     return set()
 
 
+def _being_killed(w):
+    """Runs past their timeout whose child process is being killed: their failures are written
+    once the child is dead, a moment from now (in thread mode such a run may never end)."""
+    return w.pool.kills_at_timeout and w.inflight.past_timeout()
+
+
 def shut_down(w):
     """Stop: after a signal, release unstarted jobs and give running ones the grace period;
     after ``burst`` or ``max_jobs``, let everything claimed finish."""
     # A signal during this wait switches to the graceful stop below (grace, then release).
-    while not w._releasing and w.inflight.occupied():
+    while not w._releasing and (w.inflight.occupied() or _being_killed(w)):
         quiet_tick(w, 0.05)
     w.stopping.set()
     w.waiting.release()  # no more claims: enqueues need not wake us
@@ -78,9 +86,9 @@ def shut_down(w):
         for entry in unstarted:
             w.finished(entry)
     deadline = time.monotonic() + w.conf.SHUTDOWN_GRACE
-    while w.inflight.occupied() and time.monotonic() < deadline:
+    while (w.inflight.occupied() or _being_killed(w)) and time.monotonic() < deadline:
         quiet_tick(w, min(0.05, max(0.0, deadline - time.monotonic())))
-    remaining = w.inflight.release_all()
+    remaining, kept = w.inflight.release_all()
     if remaining:
         logger.warning(
             "dbqueue worker %s: %d jobs still running after %gs grace; releasing them",
@@ -89,10 +97,25 @@ def shut_down(w):
             w.conf.SHUTDOWN_GRACE,
         )
         release(w, remaining, "still running after the grace period")
+    if kept:
+        # Handed back now, such a job could start again elsewhere while this process (and the
+        # thread in it) still runs it: past its fleet-wide limit, beside its serial key's
+        # next job. It stays `running`; its outcome is written should its run end before the
+        # process exits, or else the sweeper takes it back when its lease expires, after
+        # this process (and the run) is gone.
+        logger.warning(
+            "dbqueue worker %s: %d jobs still running after %gs grace are not handed back "
+            "(a fleet-wide limit or a serial key counts them, or they are past their "
+            "timeout); the sweeper takes them back when their leases expire: %s",
+            w.worker_id,
+            len(kept),
+            w.conf.SHUTDOWN_GRACE,
+            sorted(entry.ctx.id for entry in kept),
+        )
     w.pool.stop(timeout=0.5)
     # Whatever finished meanwhile: written, with retries through a lost connection.
     deadline = time.monotonic() + max(5.0, w.conf.SHUTDOWN_GRACE)
-    while w.acks.pending() and time.monotonic() < deadline:
+    while (w.acks.pending() or _being_killed(w)) and time.monotonic() < deadline:
         quiet_tick(w, 0.05)
     if w.acks.pending():
         logger.error(

@@ -179,6 +179,11 @@ class Worker:
 
     def _set_flow(self, conf):
         self.flow = flow.claim_params(conf, self.queues)
+        # The queues whose fleet-wide concurrency limit counts their running jobs: a run of
+        # theirs past its timeout stays `running` until its thread returns (heartbeat.py).
+        self._limited_queues = {
+            name for name in self.queues if flow.queue_limits(conf.QUEUES.get(name))[0] is not None
+        }
         if self.flow is not None:
             # A job claimed under a fleet-wide limit takes a slot of the whole fleet from its
             # claim on: never claim one ahead of a free thread, where it would wait in our
@@ -294,15 +299,7 @@ class Worker:
         )
         self._adapt_prefetch(asked if self._cut else len(rows), asked)
         self.claimed_total += len(rows)
-        entries = [
-            Entry(
-                JobContext(row, worker_id=self.worker_id, using=self.using),
-                token,
-                self._timeout_of(registry.get(row.type)),
-                keyed=row.keyed,
-            )
-            for row in rows
-        ]
+        entries = [self._entry(row, token) for row in rows]
         if rows.keyed:
             # A keyed job was claimed for a free thread: it goes first (a stable sort keeps the
             # claim's order otherwise), not behind the prefetched ones.
@@ -312,6 +309,19 @@ class Worker:
         if rows and logger.isEnabledFor(logging.DEBUG):
             logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
         return len(rows), asked
+
+    def _entry(self, row, token):
+        job_type = registry.get(row.type)
+        return Entry(
+            JobContext(row, worker_id=self.worker_id, using=self.using),
+            token,
+            self._timeout_of(job_type),
+            keyed=row.keyed,
+            # Its run must never overlap another that the same limit or key counts.
+            exclusive=row.keyed
+            or row.queue in self._limited_queues
+            or (job_type is not None and job_type.global_concurrency is not None),
+        )
 
     # ---------------------------------------------------------------------------------------
     # Called by the handler pool
@@ -362,6 +372,14 @@ class Worker:
             )
 
     def finished(self, entry):
+        """The pool is done with ``entry``: its handler returned (or its child process is dead),
+        or it never started. Called on the handler's thread."""
+        failure = self.inflight.end(entry)
+        if failure is not None and not (entry.lost or entry.released):
+            # A run past its timeout that kept its job `running`: now that it has ended, its
+            # failure is written (and the job's slot of its limit, or its key, frees).
+            error, delay = failure
+            self.acks.fail(entry, error, delay=delay, duration=time.monotonic() - entry.started)
         occupied = self.inflight.remove(entry)
         free = self.concurrency + self.prefetch - occupied
         # Claim again when a backlog left the slots full and a real batch fits again (or, in a
