@@ -341,6 +341,29 @@ def test_a_result_json_cannot_store_is_dead_at_once_not_retried(start_worker, tm
         registry.unregister("bad-result")
 
 
+@pytest.mark.parametrize("atomic", [False, True])
+def test_a_result_of_negative_zero_is_dead_at_once_with_its_path_not_stored_as_zero(
+    start_worker, atomic
+):
+    # jsonb has no negative zero: stored, {"delta": -0.0} would read back as 0.0 with its sign
+    # lost. The job is not lost either: it is dead (requeueable) with the reason.
+    from django_dbqueue import job, registry
+
+    @job("negative-zero", max_attempts=5, atomic=atomic)
+    def negative_zero(ctx):
+        return {"delta": [-0.0]}
+
+    try:
+        start_worker(concurrency=1)
+        bad = enqueue("negative-zero")
+        row = wait_state(bad.id, "dead")
+        assert row["attempts"] == 1 and row["result"] is None
+        assert row["errors"][0]["class"] == "django_dbqueue.outcomes.ResultError"
+        assert 'result["delta"][0] is -0.0' in row["errors"][0]["message"]
+    finally:
+        registry.unregister("negative-zero")
+
+
 def test_a_raising_signal_receiver_does_not_stop_acknowledgements(start_worker):
     def explode(sender, **kwargs):
         raise RuntimeError("alerting is down")
