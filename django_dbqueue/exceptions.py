@@ -7,8 +7,11 @@ class DBQueueError(Exception):
     """Root of every error django-dbqueue raises."""
 
 
-class JobRegistrationError(DBQueueError, ImproperlyConfigured):
-    """A ``@job`` registration is wrong: duplicate type name, bad signature or option."""
+class JobRegistrationError(DBQueueError, ImproperlyConfigured, ValueError):
+    """A ``@job`` registration is wrong: duplicate type name, bad signature or option.
+
+    A ``ValueError`` too, like every bad-input error here (``ImproperlyConfigured`` is not one).
+    """
 
 
 class UnknownJobType(DBQueueError, LookupError):
