@@ -32,7 +32,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from . import registry, store, validation
+from . import registry, schema, validation
 from .conf import DEFAULTS, SETTING_NAME, Settings, get_settings
 from .connections import DB_ERRORS
 from .flow import QUEUE_OPTIONS
@@ -416,17 +416,7 @@ def _check_database(conf):
 def unmigrated(using):
     """A message saying to run migrate when the queue's tables are missing from ``using``,
     else ``None``. Queries the database (errors connecting to it propagate)."""
-    from .models import BackgroundJob, JobDelivery, ScheduleState
-
-    tables = [m._meta.db_table for m in (BackgroundJob, JobDelivery, ScheduleState)]
-    missing = store.missing_tables(using, tables)
-    if not missing:
-        return None
-    return (
-        f"database {using!r} has no {', '.join(missing)} table{'s' if len(missing) > 1 else ''}: "
-        "django-dbqueue's migrations have not been applied there. Run "
-        f"`python manage.py migrate{'' if using == 'default' else f' --database {using}'}`."
-    )
+    return schema.unmigrated(using)
 
 
 @register(Tags.database, "dbqueue")

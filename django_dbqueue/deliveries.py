@@ -29,7 +29,7 @@ import contextlib
 from dataclasses import dataclass
 
 from . import store, validation
-from .conf import get_settings
+from .enqueue import database
 from .exceptions import DBQueueError
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
@@ -130,7 +130,7 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
     if state not in ("sent", "failed"):
         raise ValueError(f"a delivery is settled as 'sent' or 'failed', got {state!r}")
     return store.settle_delivery(
-        using or get_settings().DATABASE,
+        database(using),
         key=key,
         state=state,
         reference=str(reference or ""),
@@ -152,7 +152,7 @@ def begin_delivery(key, *, ctx=None, using=None):
     context) links the record to the job and attempt that made it.
     """
     _check_key(key)
-    using = using or (ctx.using if ctx is not None else get_settings().DATABASE)
+    using = database(ctx.using if using is None and ctx is not None else using)
     job_id, attempt = getattr(ctx, "id", None), getattr(ctx, "attempt", 0)
     if store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt):
         return Delivery(key, True, "recorded", job_id=job_id, attempt=attempt, using=using)

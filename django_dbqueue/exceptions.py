@@ -1,6 +1,7 @@
 """One root error, the bad-input errors it has, and the control-flow exceptions handlers raise."""
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import ProgrammingError
 
 
 class DBQueueError(Exception):
@@ -28,6 +29,25 @@ class EnqueueError(DBQueueError, ValueError):
 
 class UnsupportedDatabase(DBQueueError, ImproperlyConfigured):
     """The database alias is not PostgreSQL."""
+
+
+class UnknownDatabase(DBQueueError, ValueError):
+    """A ``using=`` argument that is not the alias (a str) of a database in ``DATABASES``."""
+
+
+class InvalidArgument(DBQueueError, ValueError):
+    """An argument of ``cancel()``, ``pause_queue()`` or ``resume_queue()`` is out of range or
+    of the wrong kind (a ``by`` that PostgreSQL cannot store, ...); the message names it."""
+
+
+class NotMigrated(DBQueueError, ProgrammingError):
+    """The queue's tables (or some of its migrations) are missing from the database: the message
+    names them and says to run ``python manage.py migrate``.
+
+    Raised when one of the package's statements failed on a missing table, column or function,
+    so the statement was sent: inside ``transaction.atomic()`` the caller's transaction is
+    aborted and must be rolled back. Still a ``ProgrammingError`` (what was raised before it had
+    a name), so ``except DatabaseError`` keeps catching it."""
 
 
 class LeaseExpired(DBQueueError):

@@ -74,6 +74,15 @@ def name(value, label, *, max_length, error=ValueError):
     return value
 
 
+MAX_BY = 200  # who cancelled, paused or resumed, for the record (cancelled_by is varchar(200))
+
+
+def by(value, label="by", error=ValueError):
+    """Who did an operator action, for the record: a non-empty str of at most 200 characters
+    that PostgreSQL can store (no NUL, no lone surrogate: a command's undecodable argument)."""
+    return name(value, label, max_length=MAX_BY, error=error)
+
+
 def queue_name(value, label="queue", error=ValueError):
     return name(value, label, max_length=MAX_QUEUE_NAME, error=error)
 

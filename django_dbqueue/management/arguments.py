@@ -59,6 +59,7 @@ def _usage(validator):
 
 job_type_name = _usage(validation.type_name)
 queue_name = _usage(validation.queue_name)
+who = _usage(validation.by)  # --by: an undecodable byte arrives as a lone surrogate
 
 
 def queue_list(text):
