@@ -23,6 +23,9 @@ MAX_KEY = 300  # dbqueue_job.idempotency_key and dbqueue_delivery.key are varcha
 # No number of seconds handed to PostgreSQL is larger: ten years, far inside what interval and
 # timestamptz arithmetic can carry, and far outside any schedule a queue is for.
 MAX_SECONDS = 10 * 365 * 86400
+# Handler threads of one worker process (CONCURRENCY, a queue's "concurrency", --concurrency):
+# past this, threads and database connections run out long before any gain.
+MAX_CONCURRENCY = 1000
 
 _short = reprlib.Repr()
 _short.maxstring = 60
