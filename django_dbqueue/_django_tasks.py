@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from django.core.checks import Error
+from django.db import ProgrammingError
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -12,12 +13,13 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
 
-from . import registry, store, validation
+from . import registry, schema, store, validation
 from .conf import get_settings
 from .enqueue import enqueue
 from .exceptions import DiscardJob
 
 JOB_TYPE = "django.tasks"
+MAX_JOB_ID = 2**63 - 1  # dbqueue_job.id is bigint
 
 # Tasks validated by a DBQueueBackend in this process: module path -> Task.
 _known_tasks: dict[str, Task] = {}
@@ -115,7 +117,14 @@ class DBQueueBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
-        row = store.task_result_row(self.using, job_id, JOB_TYPE)
+        if not 1 <= job_id <= MAX_JOB_ID:  # no such job, and outside bigint: a DataError
+            raise TaskResultDoesNotExist(result_id)
+        using = self.using
+        try:
+            row = store.task_result_row(using, job_id, JOB_TYPE)
+        except ProgrammingError as exc:
+            schema.raise_if_unmigrated(exc, using)
+            raise
         if row is None:
             raise TaskResultDoesNotExist(result_id)
         return _result_from_row(str(job_id), row, self.alias)

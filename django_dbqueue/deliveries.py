@@ -28,9 +28,12 @@ or the provider's own idempotency (``delivery.key``) settles it.
 import contextlib
 from dataclasses import dataclass
 
-from . import store, validation
+import psycopg
+from django.db import ProgrammingError
+
+from . import schema, store, validation
 from .enqueue import database
-from .exceptions import DBQueueError
+from .exceptions import DBQueueError, InvalidArgument
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
 
@@ -128,21 +131,33 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
     """
     _check_key(key)
     if state not in ("sent", "failed"):
-        raise ValueError(f"a delivery is settled as 'sent' or 'failed', got {state!r}")
-    return store.settle_delivery(
-        database(using),
-        key=key,
-        state=state,
-        reference=str(reference or ""),
-        error=str(error or ""),
-        holder=False,
-        job_id=None,
-        attempt=0,
-    )
+        raise InvalidArgument(
+            f"a delivery is settled as 'sent' or 'failed', got {validation.shown(state)}"
+        )
+    using = database(using)
+    try:
+        return store.settle_delivery(
+            using,
+            key=key,
+            state=state,
+            reference=str(reference or ""),
+            error=str(error or ""),
+            holder=False,
+            job_id=None,
+            attempt=0,
+        )
+    except SCHEMA_ERRORS as exc:  # on its own connection: no transaction of the caller's
+        schema.raise_if_unmigrated(exc, using, aborted=False)
+        raise
+
+
+# What a statement on a missing table raises: through Django's connection (outside a
+# transaction), or through the thread's side connection (inside one).
+SCHEMA_ERRORS = (ProgrammingError, psycopg.ProgrammingError)
 
 
 def _check_key(key):
-    validation.key(key, "delivery key")
+    validation.key(key, "delivery key", error=InvalidArgument)
 
 
 def begin_delivery(key, *, ctx=None, using=None):
@@ -154,7 +169,12 @@ def begin_delivery(key, *, ctx=None, using=None):
     _check_key(key)
     using = database(ctx.using if using is None and ctx is not None else using)
     job_id, attempt = getattr(ctx, "id", None), getattr(ctx, "attempt", 0)
-    if store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt):
+    try:
+        begun = store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt)
+    except SCHEMA_ERRORS as exc:  # on its own connection: no transaction of the caller's
+        schema.raise_if_unmigrated(exc, using, aborted=False)
+        raise
+    if begun:
         return Delivery(key, True, "recorded", job_id=job_id, attempt=attempt, using=using)
     row = store.delivery(using, key)
     if row is None:  # pragma: no cover - deleted between the two statements

@@ -36,8 +36,9 @@ class UnknownDatabase(DBQueueError, ValueError):
 
 
 class InvalidArgument(DBQueueError, ValueError):
-    """An argument of ``cancel()``, ``pause_queue()`` or ``resume_queue()`` is out of range or
-    of the wrong kind (a ``by`` that PostgreSQL cannot store, ...); the message names it."""
+    """An argument of ``cancel()``, ``pause_queue()``, ``resume_queue()`` or the delivery
+    functions is out of range or of the wrong kind (a ``by`` or key that PostgreSQL cannot store,
+    ...); the message names it."""
 
 
 class NotMigrated(DBQueueError, ProgrammingError):

@@ -64,13 +64,18 @@ def unmigrated(using, *, after_error=False):
     )
 
 
-def raise_if_unmigrated(exc, using):
+def raise_if_unmigrated(exc, using, *, aborted=None):
     """Given the ``ProgrammingError`` raised by one of the package's statements on ``using``:
     raise :class:`NotMigrated` instead when the database lacks the package's tables or
-    migrations; else return, and the caller re-raises ``exc``."""
-    if getattr(exc.__cause__, "sqlstate", None) not in UNDEFINED:
+    migrations; else return, and the caller re-raises ``exc``. ``aborted``: whether the
+    statement ran in the caller's transaction (None: it ran on the thread's connection, so it
+    did when a transaction is open there; False for a statement on a connection of its own)."""
+    # Django's ProgrammingError wraps the driver's; a side connection's is the driver's own.
+    state = getattr(exc, "sqlstate", None) or getattr(exc.__cause__, "sqlstate", None)
+    if state not in UNDEFINED:
         return
-    aborted = connections[using].in_atomic_block
+    if aborted is None:
+        aborted = connections[using].in_atomic_block
     try:
         problem = unmigrated(using, after_error=True)
     except OTHER_DB_ERRORS:

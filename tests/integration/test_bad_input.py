@@ -236,15 +236,13 @@ def shop_rows(using):
 MIGRATE = "Run `python manage.py migrate --database bare`."
 
 
-@pytest.mark.parametrize(
-    "entry",
-    [e for e in sorted(ENTRY_POINTS) if "delivery" not in e and e != "enqueue(depends_on=)"],
-)
+@pytest.mark.parametrize("entry", [e for e in sorted(ENTRY_POINTS) if e != "enqueue(depends_on=)"])
 def test_every_entry_point_on_a_database_never_migrated_says_run_migrate(bare, entry):
     with pytest.raises(NotMigrated) as caught:
         ENTRY_POINTS[entry](bare)
     message = str(caught.value)
     assert message.startswith("database 'bare' has no dbqueue_job, dbqueue_dependency, ")
+    assert "dbqueue_delivery" in message
     assert "dbqueue_queue" in message and MIGRATE in message and "Nothing was written." in message
     assert "aborted" not in message  # autocommit: no transaction of the caller's to abort
     assert isinstance(caught.value, ProgrammingError)  # what it was before it had a name
@@ -264,6 +262,23 @@ def test_inside_atomic_it_says_the_transaction_is_aborted_and_the_callers_writes
     assert "has no dbqueue_job" in message and MIGRATE in message
     assert "aborted the transaction open on this connection" in message
     assert shop_rows(bare) == 0  # the caller's own write rolled back with the transaction
+
+
+@pytest.mark.parametrize("entry", ["begin_delivery", "settle_delivery"])
+def test_a_delivery_inside_atomic_says_migrate_and_leaves_the_callers_transaction_alone(
+    bare, entry
+):
+    # A delivery record is written on a connection of its own: the caller's transaction did
+    # not run the failed statement, is not aborted, and the message does not say it is.
+    with transaction.atomic(using=bare):
+        with connections[bare].cursor() as cursor:
+            cursor.execute("INSERT INTO shop DEFAULT VALUES")
+        with pytest.raises(NotMigrated) as caught:
+            ENTRY_POINTS[entry](bare)
+        assert "has no dbqueue_job" in str(caught.value) and MIGRATE in str(caught.value)
+        assert "aborted" not in str(caught.value)
+        assert shop_rows(bare) == 1  # still usable
+    assert shop_rows(bare) == 1  # and it committed
 
 
 def test_a_caller_that_catches_it_inside_atomic_finds_the_transaction_aborted(bare):

@@ -277,6 +277,9 @@ def test_unknown_result_id():
         task_backends["default"].get_result("999999")
     with pytest.raises(TaskResultDoesNotExist):
         task_backends["default"].get_result("not-a-number")
+    for outside_bigint in (str(2**63), "0", "-1", "9" * 5000):  # not a DataError
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(outside_bigint)
 
 
 def test_backend_check_names_queues_missing_from_dbqueue(settings):
