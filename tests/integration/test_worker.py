@@ -635,6 +635,33 @@ def test_unprintable_and_nul_errors_are_recorded_not_lost(start_worker):
         registry.unregister("weird-error")
 
 
+def test_an_error_with_a_lone_surrogate_is_recorded_escaped_not_retried_forever(start_worker):
+    # A file name read with surrogateescape carries its undecodable byte as a lone surrogate,
+    # which jsonb refuses: the failure could not be recorded, and the worker tried forever.
+    from django_dbqueue import DiscardJob, job, registry
+
+    @job("surrogate-error", max_attempts=2)
+    def surrogate_error(ctx):
+        raise ValueError("cannot open b'r\udcffport.csv'")
+
+    @job("surrogate-discard")
+    def surrogate_discard(ctx):
+        raise DiscardJob("bad \udcfe \x00 input")
+
+    try:
+        start_worker(concurrency=2)
+        retried, discarded = enqueue("surrogate-error"), enqueue("surrogate-discard")
+        row = wait_state(retried.id, "dead")
+        assert row["attempts"] == 2 and len(row["errors"]) == 2
+        assert row["errors"][0]["message"] == "cannot open b'r\\udcffport.csv'"
+        assert "\\udcffport.csv" in row["errors"][0]["traceback"]
+        row = wait_state(discarded.id, "dead")
+        assert row["attempts"] == 1 and row["errors"][0]["message"] == "bad \\udcfe \\x00 input"
+    finally:
+        registry.unregister("surrogate-error")
+        registry.unregister("surrogate-discard")
+
+
 def test_a_job_given_up_and_reclaimed_by_the_same_worker_keeps_its_heartbeat_and_timeout(
     start_worker, fast_settings
 ):
