@@ -34,6 +34,7 @@ from django.db import ProgrammingError
 from . import schema, store, validation
 from .enqueue import database
 from .exceptions import DBQueueError, InvalidArgument
+from .outcomes import text_for_record
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
 
@@ -83,11 +84,11 @@ class Delivery:
 
         Returns False, and reloads ``state``, if the record was settled by someone else meanwhile.
         """
-        return self._settle("sent", reference=str(reference or ""), error="")
+        return self._settle("sent", reference=_reference(reference), error="")
 
     def failed(self, error=""):
         """Record that the effect definitely did not happen; a later attempt may try again."""
-        return self._settle("failed", reference="", error=str(error))
+        return self._settle("failed", reference="", error=text_for_record(str(error)))
 
     def _settle(self, state, *, reference, error):
         if not self.proceed:
@@ -140,8 +141,8 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
             using,
             key=key,
             state=state,
-            reference=str(reference or ""),
-            error=str(error or ""),
+            reference=_reference(reference),
+            error=text_for_record(str(error or "")),
             holder=False,
             job_id=None,
             attempt=0,
@@ -154,6 +155,20 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
 # What a statement on a missing table raises: through Django's connection (outside a
 # transaction), or through the thread's side connection (inside one).
 SCHEMA_ERRORS = (ProgrammingError, psycopg.ProgrammingError)
+
+
+MAX_REFERENCE = 300  # dbqueue_delivery.provider_reference is varchar(300)
+
+
+def _reference(reference):
+    """The provider's reference as stored: "" or a str of at most 300 characters PostgreSQL can
+    store; else ``InvalidArgument`` before anything is written (the record stays as it was)."""
+    reference = str(reference or "")
+    if reference:
+        validation.name(
+            reference, "delivery reference", max_length=MAX_REFERENCE, error=InvalidArgument
+        )
+    return reference
 
 
 def _check_key(key):

@@ -17,6 +17,9 @@ def _text(text):
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 20] + "\n... (truncated)"
 
 
+text_for_record = _text  # a delivery's error text follows the same rules
+
+
 def _describe(exc):
     try:
         return str(exc)

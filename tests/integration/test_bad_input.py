@@ -326,3 +326,45 @@ def test_another_programming_error_is_left_as_it_was(bare, monkeypatch):
     with pytest.raises(ProgrammingError) as caught:
         enqueue("noop", {}, using=bare)
     assert type(caught.value) is ProgrammingError and "no_such_table_of_anyone" in str(caught.value)
+
+
+# --- free text kept for the record: a delivery's reference and error --------------------
+
+
+def delivery_row(key):
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT state, provider_reference, error FROM dbqueue_delivery WHERE key = %s", [key]
+        )
+        return cursor.fetchone()
+
+
+@pytest.mark.parametrize(
+    ("reference", "fragment"),
+    [
+        ("ref\x00", "delivery reference 'ref\\x00' contains a NUL character"),
+        ("ref\udcff", "delivery reference 'ref\\udcff' contains a lone surrogate"),
+        ("r" * 301, "delivery reference must be a non-empty string of at most 300 characters"),
+    ],
+)
+def test_a_reference_postgresql_cannot_store_is_refused_and_the_record_stays(reference, fragment):
+    from django_dbqueue import begin_delivery, settle_delivery
+
+    delivery = begin_delivery("sms:1")
+    with pytest.raises(InvalidArgument) as caught:
+        delivery.sent(reference)
+    assert fragment in str(caught.value)
+    with pytest.raises(InvalidArgument) as caught:
+        settle_delivery("sms:1", "sent", reference=reference)
+    assert fragment in str(caught.value)
+    assert delivery_row("sms:1") == ("recorded", "", "")  # unknown outcome, for a person
+
+
+def test_a_failure_text_postgresql_cannot_store_is_kept_escaped():
+    from django_dbqueue import begin_delivery, settle_delivery
+
+    assert begin_delivery("sms:2").failed("refused \x00 b'\udcff'")
+    assert delivery_row("sms:2") == ("failed", "", "refused \\x00 b'\\udcff'")
+    begin_delivery("sms:3")
+    assert settle_delivery("sms:3", "failed", error="x\x00")
+    assert delivery_row("sms:3") == ("failed", "", "x\\x00")
