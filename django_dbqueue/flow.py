@@ -75,9 +75,10 @@ def _known_queue(name):
 
 
 def _by(by, action):
-    """Who, for the record: "" (nobody said) or the rule of ``validation.by``."""
-    if type(by) is str and not by:
-        return by
+    """Who, for the record: "" when nobody said (``""`` or None, as ``cancel()`` takes None),
+    else the rule of ``validation.by`` (the one ``cancel()`` applies)."""
+    if by is None or (type(by) is str and not by):
+        return ""
     return validation.by(by, f"{action}() by", error=InvalidArgument)
 
 

@@ -112,7 +112,7 @@ def test_a_bad_queue_name_is_unknown_queue_naming_it(switch, name, fragment):
         ("x" * 201, "at most 200 characters"),
         (["ops"], "by must be a non-empty string of at most 200 characters, got ['ops']"),
         (5, "got 5"),
-        (None, "got None"),
+        (0, "got 0"),
         (b"ops", "got b'ops'"),
     ],
 )
@@ -142,6 +142,8 @@ def test_a_good_by_is_recorded_and_an_empty_one_is_the_default():
     pause_queue("default", by="x" * 200)
     assert scalar("SELECT changed_by FROM dbqueue_queue WHERE name = 'default'") == "x" * 200
     resume_queue("default")
+    assert scalar("SELECT changed_by FROM dbqueue_queue WHERE name = 'default'") == ""
+    pause_queue("default", by=None)  # None is "nobody said", as cancel() reads it
     assert scalar("SELECT changed_by FROM dbqueue_queue WHERE name = 'default'") == ""
 
 
