@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 from django.core.checks import Error
+from django.db import ProgrammingError
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -12,12 +13,13 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
 
-from . import registry, store
+from . import registry, schema, store, validation
 from .conf import get_settings
 from .enqueue import enqueue
 from .exceptions import DiscardJob
 
 JOB_TYPE = "django.tasks"
+MAX_JOB_ID = 2**63 - 1  # dbqueue_job.id is bigint
 
 # Tasks validated by a DBQueueBackend in this process: module path -> Task.
 _known_tasks: dict[str, Task] = {}
@@ -115,7 +117,14 @@ class DBQueueBackend(BaseTaskBackend):
             job_id = int(result_id)
         except (TypeError, ValueError):
             raise TaskResultDoesNotExist(result_id) from None
-        row = store.task_result_row(self.using, job_id, JOB_TYPE)
+        if not 1 <= job_id <= MAX_JOB_ID:  # no such job, and outside bigint: a DataError
+            raise TaskResultDoesNotExist(result_id)
+        using = self.using
+        try:
+            row = store.task_result_row(using, job_id, JOB_TYPE)
+        except ProgrammingError as exc:
+            schema.raise_if_unmigrated(exc, using)
+            raise
         if row is None:
             raise TaskResultDoesNotExist(result_id)
         return _result_from_row(str(job_id), row, self.alias)
@@ -148,6 +157,30 @@ def _loads(text):
     return None if text is None else json.loads(text)
 
 
+# What DBQueueBackend.enqueue() stores: {"task": path, "backend": alias, "args": [...],
+# "kwargs": {...}}. A row written otherwise (by hand, by a script) may hold anything.
+_PAYLOAD_SHAPE = {"task": str, "backend": str, "args": list, "kwargs": dict}
+
+
+def payload_problem(payload):
+    """What keeps ``payload`` from being a django.tasks job's payload, or ``None``."""
+    if type(payload) is not dict:
+        return (
+            'its payload must be an object like {"task": "app.tasks.f", "backend": '
+            f'"default", "args": [], "kwargs": {{}}}}, got {type(payload).__name__} '
+            f"{validation.shown(payload)}"
+        )
+    if "task" not in payload:
+        return "its payload has no 'task' (the module path of the @task function)"
+    for key, kind in _PAYLOAD_SHAPE.items():
+        if key in payload and type(payload[key]) is not kind:
+            return (
+                f"its payload[{key!r}] must be a {'JSON object' if kind is dict else kind.__name__}"
+                f", got {type(payload[key]).__name__} {validation.shown(payload[key])}"
+            )
+    return None
+
+
 def _result_from_row(result_id, row, alias, *, task=None):
     (
         payload,
@@ -162,6 +195,8 @@ def _result_from_row(result_id, row, alias, *, task=None):
         queue,
     ) = row
     payload, errors = _loads(payload), _loads(errors) or []
+    if payload_problem(payload) is not None:
+        raise TaskResultDoesNotExist(result_id)  # not a task's row: nothing Django can show
     if task is None:
         task = resolve_task(payload.get("task", ""), alias)
         if task is None:
@@ -223,6 +258,13 @@ def discover_tasks():
 def run_task(ctx):
     """The handler of every ``django.tasks`` job: resolve, signal, call, signal."""
     payload = ctx.payload
+    problem = payload_problem(payload)
+    if problem is not None:
+        # Deterministic: every attempt would fail the same way. Dead at once, saying why.
+        raise DiscardJob(
+            f"job {ctx.id} is not a django.tasks job that DBQueueBackend enqueued: {problem}; "
+            "it was not run and nothing was imported"
+        )
     alias = payload.get("backend", "default")
     task = resolve_task(payload.get("task"), alias)
     if task is None:

@@ -9,9 +9,11 @@ outcome, the job ends ``cancelled``: never retried, never dead (docs/concepts.md
 
 from collections.abc import Iterable
 
-from . import store, validation, wakeup
-from .conf import get_settings
-from .enqueue import EnqueuedJob, _check_database
+from django.db import ProgrammingError
+
+from . import schema, store, validation, wakeup
+from .enqueue import EnqueuedJob, database
+from .exceptions import InvalidArgument
 
 CANCELLED = "cancelled"  # was pending or waiting: cancelled now, it never runs
 CANCELLING = "cancelling"  # is running: marked; its worker ends it cancelled
@@ -19,7 +21,7 @@ FINISHED = "finished"  # was done, dead or cancelled already: left alone
 UNKNOWN = "unknown"  # no such job (never existed, or deleted by retention)
 
 _OUTCOMES = {"cancelled": CANCELLED, "running": CANCELLING, "finished": FINISHED}
-MAX_BY = 200  # dbqueue_job.cancelled_by is varchar(200)
+MAX_BY = validation.MAX_BY  # dbqueue_job.cancelled_by is varchar(200)
 MAX_ID = validation.MAX_JOB_ID
 
 
@@ -32,7 +34,7 @@ def _job_id(value):
             f"cancel() takes job ids (int) or EnqueuedJob, got {validation.shown(value)}"
         )
     if problem == "range":
-        raise ValueError(f"cancel(): {validation.shown(value)} is not a job id (1 to 2**63-1)")
+        raise InvalidArgument(f"cancel(): {validation.shown(value)} is not a job id (1 to 2**63-1)")
     return value
 
 
@@ -62,11 +64,14 @@ def cancel(job_ids, *, by=None, using=None):
             f"cancel() takes a job id or an iterable of job ids, got {validation.shown(job_ids)}"
         )
     ids = list(dict.fromkeys(_job_id(value) for value in job_ids))
-    by = "api" if by is None else validation.name(by, "cancel() by", max_length=MAX_BY)
-    using = using or get_settings().DATABASE
-    _check_database(using)
+    by = "api" if by is None else validation.by(by, "cancel() by", error=InvalidArgument)
+    using = database(using)
     if not ids:
         return {}
-    states = store.request_cancel(using, ids, by=by)
+    try:
+        states = store.request_cancel(using, ids, by=by)
+    except ProgrammingError as exc:
+        schema.raise_if_unmigrated(exc, using)
+        raise
     wakeup.jobs_cancelled(using, [i for i, state in states.items() if state == "running"])
     return {i: _OUTCOMES.get(states.get(i), UNKNOWN) for i in ids}

@@ -32,20 +32,24 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from . import registry, store, validation
+from . import registry, schema, validation
 from .conf import DEFAULTS, SETTING_NAME, Settings, get_settings
 from .connections import DB_ERRORS
 from .flow import QUEUE_OPTIONS
 
 
-def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=False):
+def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=False, maximum=None):
     if value is None:
         return allow_none
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return False
-    if not math.isfinite(value) or value > MAX_SETTING:
-        return False  # inf/NaN pass comparisons and then break interval arithmetic in SQL
     if integer and not isinstance(value, int):
+        return False
+    # An int is compared as it is (math.isfinite() of 10**400 raises OverflowError); inf and NaN
+    # pass comparisons and then break interval arithmetic in SQL.
+    if not isinstance(value, int) and not math.isfinite(value):
+        return False
+    if value > (MAX_SETTING if maximum is None else maximum):
         return False
     if minimum is not None:
         return value > minimum if exclusive else value >= minimum
@@ -53,6 +57,27 @@ def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=F
 
 
 MAX_SETTING = validation.MAX_SECONDS  # no number of seconds (or count) in DBQUEUE is larger
+
+
+def _bounded(what, *, minimum, exclusive=False, integer=False, allow_none=False, maximum=None):
+    """A rule of ``_RULES``: ``_number`` with these bounds, and the words that state both."""
+    bound = MAX_SETTING if maximum is None else maximum
+    words = f"{what} {'>' if exclusive else '>='} {minimum}, at most {bound}"
+    if allow_none is True:
+        words += ", or None"
+    elif allow_none:
+        words += f", or None ({allow_none})"
+    return (
+        lambda v: _number(
+            v,
+            minimum=minimum,
+            exclusive=exclusive,
+            integer=integer,
+            allow_none=bool(allow_none),
+            maximum=bound,
+        ),
+        words,
+    )
 
 
 def _valid(validator, value, **kwargs):
@@ -71,41 +96,31 @@ _RULES = {
         lambda v: _valid(validation.queue_name, v),
         f"a queue name (a non-empty str of at most {validation.MAX_QUEUE_NAME} characters)",
     ),
-    "CONCURRENCY": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
-    "PREFETCH": (
-        lambda v: _number(v, minimum=0, integer=True, allow_none=True),
-        "an integer >= 0 or None",
+    "CONCURRENCY": _bounded(
+        "an integer", minimum=1, integer=True, maximum=validation.MAX_CONCURRENCY
     ),
-    "POLL_INTERVAL": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
-    "LEASE": (
-        lambda v: _number(v, minimum=0, exclusive=True) and v <= 86400,
-        "a number of seconds > 0, at most 86400",
-    ),
-    "HEARTBEAT_INTERVAL": (
-        lambda v: _number(v, minimum=0, exclusive=True),
-        "a number of seconds > 0",
-    ),
+    "PREFETCH": _bounded("an integer", minimum=0, integer=True, allow_none="adaptive"),
+    "POLL_INTERVAL": _bounded("a number of seconds", minimum=0, exclusive=True),
+    "LEASE": _bounded("a number of seconds", minimum=0, exclusive=True, maximum=86400),
+    "HEARTBEAT_INTERVAL": _bounded("a number of seconds", minimum=0, exclusive=True),
     "MAX_ATTEMPTS": (
         lambda v: _valid(validation.max_attempts, v),
         f"an integer from 1 to {validation.INT32_MAX}",
     ),
-    "BACKOFF_BASE": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
-    "BACKOFF_FACTOR": (lambda v: _number(v, minimum=1), "a number >= 1"),
-    "BACKOFF_CAP": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
-    "SWEEP_INTERVAL": (lambda v: _number(v, minimum=0, exclusive=True), "a number of seconds > 0"),
-    "SWEEP_BATCH": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
-    "SHUTDOWN_GRACE": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
-    "ACK_INTERVAL": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
-    "ACK_BATCH": (lambda v: _number(v, minimum=1, integer=True), "an integer >= 1"),
+    "BACKOFF_BASE": _bounded("a number of seconds", minimum=0, exclusive=True),
+    "BACKOFF_FACTOR": _bounded("a number", minimum=1),
+    "BACKOFF_CAP": _bounded("a number of seconds", minimum=0, exclusive=True),
+    "SWEEP_INTERVAL": _bounded("a number of seconds", minimum=0, exclusive=True),
+    "SWEEP_BATCH": _bounded("an integer", minimum=1, integer=True),
+    "SHUTDOWN_GRACE": _bounded("a number of seconds", minimum=0),
+    "ACK_INTERVAL": _bounded("a number of seconds", minimum=0),
+    "ACK_BATCH": _bounded("an integer", minimum=1, integer=True),
     "NOTIFY_CHANNEL": (
         # PostgreSQL's identifier limit is 63 bytes (NAMEDATALEN - 1), counted in UTF-8.
         lambda v: _valid(validation.name, v, max_length=63) and len(v.encode()) <= 63,
         "a channel name (str of 1 to 63 bytes in UTF-8)",
     ),
-    "WAKEUP_WINDOW": (
-        lambda v: _number(v, minimum=0) and v <= 60,
-        "a number of seconds >= 0, at most 60",
-    ),
+    "WAKEUP_WINDOW": _bounded("a number of seconds", minimum=0, maximum=60),
     "WAKEUP_IF_WAITING": (lambda v: isinstance(v, bool), "True or False"),
     "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
     "LISTEN_DATABASE": (
@@ -113,39 +128,20 @@ _RULES = {
         "None or an alias in DATABASES (a direct connection, not through a pooler)",
     ),
     "EXECUTION": (lambda v: v in ("thread", "process"), '"thread" or "process"'),
-    "HUNG_THREAD_LIMIT": (
-        lambda v: _number(v, minimum=0, integer=True, allow_none=True),
-        "an integer >= 0 or None (the concurrency)",
+    "HUNG_THREAD_LIMIT": _bounded(
+        "an integer", minimum=0, integer=True, allow_none="the concurrency"
     ),
-    "UNKNOWN_TYPE_DELAY": (
-        lambda v: _number(v, minimum=0, exclusive=True),
-        "a number of seconds > 0",
-    ),
-    "UNKNOWN_TYPE_GRACE": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
+    "UNKNOWN_TYPE_DELAY": _bounded("a number of seconds", minimum=0, exclusive=True),
+    "UNKNOWN_TYPE_GRACE": _bounded("a number of seconds", minimum=0),
     "PREPARE": (lambda v: isinstance(v, bool), "True or False"),
     "ASYNC_COMMIT": (lambda v: isinstance(v, bool), "True or False"),
-    "STATUS_INTERVAL": (
-        lambda v: _number(v, minimum=0),
-        "a number of seconds >= 0 (0 turns it off)",
-    ),
-    "DONE_RETENTION": (
-        lambda v: _number(v, minimum=0, allow_none=True),
-        "seconds >= 0 or None (keep)",
-    ),
-    "CANCELLED_RETENTION": (
-        lambda v: _number(v, minimum=0, allow_none=True),
-        "seconds >= 0 or None (keep)",
-    ),
-    "DEAD_RETENTION": (
-        lambda v: _number(v, minimum=0, allow_none=True),
-        "seconds >= 0 or None (keep)",
-    ),
+    "STATUS_INTERVAL": _bounded("a number of seconds (0 turns it off)", minimum=0),
+    "DONE_RETENTION": _bounded("seconds", minimum=0, allow_none="keep"),
+    "CANCELLED_RETENTION": _bounded("seconds", minimum=0, allow_none="keep"),
+    "DEAD_RETENTION": _bounded("seconds", minimum=0, allow_none="keep"),
     "SCHEDULE": (lambda v: isinstance(v, dict), "a dict of schedule name -> entry"),
-    "SCHEDULE_INTERVAL": (
-        lambda v: _number(v, minimum=0, exclusive=True),
-        "a number of seconds > 0",
-    ),
-    "METRICS_CACHE": (lambda v: _number(v, minimum=0), "a number of seconds >= 0"),
+    "SCHEDULE_INTERVAL": _bounded("a number of seconds", minimum=0, exclusive=True),
+    "METRICS_CACHE": _bounded("a number of seconds", minimum=0),
     "METRICS_TOKEN": (
         lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
         "None or a string of at least 16 characters",
@@ -156,6 +152,12 @@ assert set(_RULES) == set(DEFAULTS), "every setting needs a check rule"
 
 def _error(id_, msg, hint=None):
     return Error(msg, hint=hint, id=f"dbqueue.{id_}")
+
+
+# A queue's "concurrency": its share of a worker's handler threads.
+_QUEUE_CONCURRENCY = _bounded(
+    "an integer", minimum=1, integer=True, allow_none=True, maximum=validation.MAX_CONCURRENCY
+)
 
 
 def _check_queues(queues):
@@ -199,11 +201,12 @@ def _check_queues(queues):
                 errors.extend(_flow_error("E011", validation.concurrency_limit, value, label))
             elif key == "rate_limit":
                 errors.extend(_flow_error("E011", validation.rate_limit, value, label))
-            elif not _number(value, minimum=1, integer=True, allow_none=True):
+            elif not _QUEUE_CONCURRENCY[0](value):
                 errors.append(
                     _error(
                         "E003",
-                        f"{SETTING_NAME}['QUEUES'][{name!r}]['concurrency'] must be an integer >= 1 or None, got {value!r}.",
+                        f"{SETTING_NAME}['QUEUES'][{name!r}]['concurrency'] must be "
+                        f"{_QUEUE_CONCURRENCY[1]}, got {validation.shown(value)}.",
                     )
                 )
     return errors
@@ -279,7 +282,7 @@ def check_settings(app_configs=None, **kwargs):
             errors.append(
                 _error(
                     "E003",
-                    f"{SETTING_NAME}['{key}'] must be {expected}, got {value!r}.",
+                    f"{SETTING_NAME}['{key}'] must be {expected}, got {validation.shown(value)}.",
                     hint=f"The default is {DEFAULTS[key]!r}.",
                 )
             )
@@ -416,17 +419,7 @@ def _check_database(conf):
 def unmigrated(using):
     """A message saying to run migrate when the queue's tables are missing from ``using``,
     else ``None``. Queries the database (errors connecting to it propagate)."""
-    from .models import BackgroundJob, JobDelivery, ScheduleState
-
-    tables = [m._meta.db_table for m in (BackgroundJob, JobDelivery, ScheduleState)]
-    missing = store.missing_tables(using, tables)
-    if not missing:
-        return None
-    return (
-        f"database {using!r} has no {', '.join(missing)} table{'s' if len(missing) > 1 else ''}: "
-        "django-dbqueue's migrations have not been applied there. Run "
-        f"`python manage.py migrate{'' if using == 'default' else f' --database {using}'}`."
-    )
+    return schema.unmigrated(using)
 
 
 @register(Tags.database, "dbqueue")

@@ -28,9 +28,13 @@ or the provider's own idempotency (``delivery.key``) settles it.
 import contextlib
 from dataclasses import dataclass
 
-from . import store, validation
-from .conf import get_settings
-from .exceptions import DBQueueError
+import psycopg
+from django.db import ProgrammingError
+
+from . import schema, store, validation
+from .enqueue import database
+from .exceptions import DBQueueError, InvalidArgument
+from .outcomes import text_for_record
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
 
@@ -80,11 +84,11 @@ class Delivery:
 
         Returns False, and reloads ``state``, if the record was settled by someone else meanwhile.
         """
-        return self._settle("sent", reference=str(reference or ""), error="")
+        return self._settle("sent", reference=_reference(reference), error="")
 
     def failed(self, error=""):
         """Record that the effect definitely did not happen; a later attempt may try again."""
-        return self._settle("failed", reference="", error=str(error))
+        return self._settle("failed", reference="", error=text_for_record(str(error)))
 
     def _settle(self, state, *, reference, error):
         if not self.proceed:
@@ -128,21 +132,47 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
     """
     _check_key(key)
     if state not in ("sent", "failed"):
-        raise ValueError(f"a delivery is settled as 'sent' or 'failed', got {state!r}")
-    return store.settle_delivery(
-        using or get_settings().DATABASE,
-        key=key,
-        state=state,
-        reference=str(reference or ""),
-        error=str(error or ""),
-        holder=False,
-        job_id=None,
-        attempt=0,
-    )
+        raise InvalidArgument(
+            f"a delivery is settled as 'sent' or 'failed', got {validation.shown(state)}"
+        )
+    using = database(using)
+    try:
+        return store.settle_delivery(
+            using,
+            key=key,
+            state=state,
+            reference=_reference(reference),
+            error=text_for_record(str(error or "")),
+            holder=False,
+            job_id=None,
+            attempt=0,
+        )
+    except SCHEMA_ERRORS as exc:  # on its own connection: no transaction of the caller's
+        schema.raise_if_unmigrated(exc, using, aborted=False)
+        raise
+
+
+# What a statement on a missing table raises: through Django's connection (outside a
+# transaction), or through the thread's side connection (inside one).
+SCHEMA_ERRORS = (ProgrammingError, psycopg.ProgrammingError)
+
+
+MAX_REFERENCE = 300  # dbqueue_delivery.provider_reference is varchar(300)
+
+
+def _reference(reference):
+    """The provider's reference as stored: "" or a str of at most 300 characters PostgreSQL can
+    store; else ``InvalidArgument`` before anything is written (the record stays as it was)."""
+    reference = str(reference or "")
+    if reference:
+        validation.name(
+            reference, "delivery reference", max_length=MAX_REFERENCE, error=InvalidArgument
+        )
+    return reference
 
 
 def _check_key(key):
-    validation.key(key, "delivery key")
+    validation.key(key, "delivery key", error=InvalidArgument)
 
 
 def begin_delivery(key, *, ctx=None, using=None):
@@ -152,9 +182,14 @@ def begin_delivery(key, *, ctx=None, using=None):
     context) links the record to the job and attempt that made it.
     """
     _check_key(key)
-    using = using or (ctx.using if ctx is not None else get_settings().DATABASE)
+    using = database(ctx.using if using is None and ctx is not None else using)
     job_id, attempt = getattr(ctx, "id", None), getattr(ctx, "attempt", 0)
-    if store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt):
+    try:
+        begun = store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt)
+    except SCHEMA_ERRORS as exc:  # on its own connection: no transaction of the caller's
+        schema.raise_if_unmigrated(exc, using, aborted=False)
+        raise
+    if begun:
         return Delivery(key, True, "recorded", job_id=job_id, attempt=attempt, using=using)
     row = store.delivery(using, key)
     if row is None:  # pragma: no cover - deleted between the two statements

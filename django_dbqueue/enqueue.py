@@ -5,12 +5,12 @@ import difflib
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connections
+from django.db import ProgrammingError, connections
 from django.utils import timezone
 
-from . import payloads, registry, store, tracing, validation, waiters, wakeup
+from . import payloads, registry, schema, store, tracing, validation, waiters, wakeup
 from .conf import get_settings
-from .exceptions import EnqueueError, UnknownJobType, UnsupportedDatabase
+from .exceptions import EnqueueError, UnknownDatabase, UnknownJobType, UnsupportedDatabase
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,21 @@ def _job_type(name):
             f"Registered: {', '.join(known) or 'none'} (handlers live in <app>/jobs.py)."
         )
     return job_type
+
+
+def database(using, conf=None):
+    """The database alias of an API call: ``DBQUEUE["DATABASE"]`` when ``using`` is None, else
+    ``using`` itself, which must be the alias (a str) of a PostgreSQL database in ``DATABASES``.
+    Raises ``UnknownDatabase`` naming the value, or ``UnsupportedDatabase``."""
+    if using is None:
+        using = (conf or get_settings()).DATABASE
+    elif type(using) is not str or using not in connections.settings:
+        raise UnknownDatabase(
+            f"using must be the alias (a str) of a database in DATABASES "
+            f"({', '.join(map(repr, connections.settings))}), got {validation.shown(using)}"
+        )
+    _check_database(using)
+    return using
 
 
 def _check_database(using):
@@ -306,8 +321,7 @@ def enqueue(
         )
         return wf.enqueue(using=using)[0]
     conf = get_settings()
-    using = using or conf.DATABASE
-    _check_database(using)
+    using = database(using, conf)
     values = _prepare(
         type,
         payload,
@@ -326,19 +340,25 @@ def enqueue(
     traceparent = tracing.current_traceparent()
     if traceparent is not None:  # only inside an OpenTelemetry trace (docs/observability.md)
         values["traceparent"] = traceparent
-    if values["unique_key"] is not None:
-        return _enqueue_unique(using, values, debounce)
-    while True:
-        inserted = store.insert_job(using, **values)
-        if inserted is not None:
-            job_id, wake = inserted
-            if waiters.wanted(wake):
-                wakeup.jobs_ready(using, (values["queue"],))
-            return EnqueuedJob(job_id, True, type, values["queue"])
-        existing = store.ids_by_keys(using, [idempotency_key]).get(idempotency_key)
-        if existing is not None:
-            return EnqueuedJob(existing, False, type, values["queue"])
-        # The key's holder was deleted between the two statements: insert again.
+    try:
+        if values["unique_key"] is not None:
+            return _enqueue_unique(using, values, debounce)
+        while True:
+            inserted = store.insert_job(using, **values)
+            if inserted is not None:
+                job_id, wake = inserted
+                if waiters.wanted(wake):
+                    wakeup.jobs_ready(using, (values["queue"],))
+                return EnqueuedJob(job_id, True, type, values["queue"])
+            existing = store.ids_by_keys(using, [idempotency_key]).get(idempotency_key)
+            if existing is not None:
+                return EnqueuedJob(existing, False, type, values["queue"])
+            # The key's holder was deleted between the two statements: insert again.
+    except ProgrammingError as exc:
+        # A database never migrated (or migrated to an older release): said after the fact,
+        # so that no enqueue pays a query to ask first.
+        schema.raise_if_unmigrated(exc, using)
+        raise
 
 
 UNIQUE_TRIES = 100  # each lost round means the key's holder finished between two statements
@@ -429,8 +449,7 @@ def enqueue_many(jobs, *, using=None):
     :class:`EnqueuedJob` in the order given.
     """
     conf = get_settings()
-    using = using or conf.DATABASE
-    _check_database(using)
+    using = database(using, conf)
     try:
         items = list(jobs)
     except TypeError:
@@ -455,7 +474,11 @@ def enqueue_many(jobs, *, using=None):
     if not prepared:
         return []
     columns = {**columns_of(prepared), "keys": [p["key"] for p in prepared]}
-    rows = store.insert_jobs(using, columns=columns, traceparent=tracing.current_traceparent())
+    try:
+        rows = store.insert_jobs(using, columns=columns, traceparent=tracing.current_traceparent())
+    except ProgrammingError as exc:
+        schema.raise_if_unmigrated(exc, using)
+        raise
     wakeup.jobs_ready(using, (queue for _, _, queue, wake in rows if waiters.wanted(wake)))
     # RETURNING order is not guaranteed; rows without a key map back by insertion order, which
     # INSERT ... SELECT ... ORDER BY preserves for the id sequence.

@@ -1,14 +1,18 @@
 """One root error, the bad-input errors it has, and the control-flow exceptions handlers raise."""
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import ProgrammingError
 
 
 class DBQueueError(Exception):
     """Root of every error django-dbqueue raises."""
 
 
-class JobRegistrationError(DBQueueError, ImproperlyConfigured):
-    """A ``@job`` registration is wrong: duplicate type name, bad signature or option."""
+class JobRegistrationError(DBQueueError, ImproperlyConfigured, ValueError):
+    """A ``@job`` registration is wrong: duplicate type name, bad signature or option.
+
+    A ``ValueError`` too, like every bad-input error here (``ImproperlyConfigured`` is not one).
+    """
 
 
 class UnknownJobType(DBQueueError, LookupError):
@@ -25,6 +29,26 @@ class EnqueueError(DBQueueError, ValueError):
 
 class UnsupportedDatabase(DBQueueError, ImproperlyConfigured):
     """The database alias is not PostgreSQL."""
+
+
+class UnknownDatabase(DBQueueError, ValueError):
+    """A ``using=`` argument that is not the alias (a str) of a database in ``DATABASES``."""
+
+
+class InvalidArgument(DBQueueError, ValueError):
+    """An argument of ``cancel()``, ``pause_queue()``, ``resume_queue()`` or the delivery
+    functions is out of range or of the wrong kind (a ``by`` or key that PostgreSQL cannot store,
+    ...); the message names it."""
+
+
+class NotMigrated(DBQueueError, ProgrammingError):
+    """The queue's tables (or some of its migrations) are missing from the database: the message
+    names them and says to run ``python manage.py migrate``.
+
+    Raised when one of the package's statements failed on a missing table, column or function,
+    so the statement was sent: inside ``transaction.atomic()`` the caller's transaction is
+    aborted and must be rolled back. Still a ``ProgrammingError`` (what was raised before it had
+    a name), so ``except DatabaseError`` keeps catching it."""
 
 
 class LeaseExpired(DBQueueError):

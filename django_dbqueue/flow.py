@@ -10,15 +10,16 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from . import registry, store, validation
+from . import registry, schema, store, validation
 from .conf import get_settings
-from .exceptions import DBQueueError
+from .enqueue import database
+from .exceptions import InvalidArgument
 
 QUEUE_OPTIONS = ("concurrency", "global_concurrency", "rate_limit")
 
 
-class UnknownQueue(DBQueueError, ValueError):
-    """A queue name that is not in ``DBQUEUE["QUEUES"]``."""
+class UnknownQueue(InvalidArgument):
+    """A queue name that is not in ``DBQUEUE["QUEUES"]`` (or not a queue name at all)."""
 
 
 def queue_limits(options):
@@ -63,6 +64,7 @@ def claim_params(conf, queues):
 
 
 def _known_queue(name):
+    validation.queue_name(name, error=UnknownQueue)
     conf = get_settings()
     if name not in conf.QUEUES:
         raise UnknownQueue(
@@ -72,21 +74,38 @@ def _known_queue(name):
     return conf
 
 
+def _by(by, action):
+    """Who, for the record: "" when nobody said (``""`` or None, as ``cancel()`` takes None),
+    else the rule of ``validation.by`` (the one ``cancel()`` applies)."""
+    if by is None or (type(by) is str and not by):
+        return ""
+    return validation.by(by, f"{action}() by", error=InvalidArgument)
+
+
+@schema.explains_unmigrated
 def pause_queue(name, *, by="", using=None):
     """Stop every worker from claiming jobs of queue ``name``; running jobs finish. Jobs can
     still be enqueued. Takes effect at each worker's next claim. ``by``: who, for the record
-    (the admin and the command fill it in). Commits at once (or with the caller's transaction)."""
+    (the admin and the command fill it in; at most 200 characters). Commits at once (or with the
+    caller's transaction).
+
+    Raises ``UnknownQueue`` for a name not in ``QUEUES``, ``InvalidArgument`` for a ``by`` that
+    is not a str PostgreSQL can store, ``UnknownDatabase``/``UnsupportedDatabase`` for a bad
+    ``using`` and ``NotMigrated`` on a database without the queue's tables."""
     conf = _known_queue(name)
-    store.pause_queue(using or conf.DATABASE, name=name, by=str(by))
+    by = _by(by, "pause_queue")
+    store.pause_queue(database(using, conf), name=name, by=by)
 
 
+@schema.explains_unmigrated
 def resume_queue(name, *, by="", using=None):
     """Let the workers claim queue ``name`` again, and wake them (the wake-up is delivered when
-    this commits)."""
+    this commits). Raises as :func:`pause_queue`."""
     conf = _known_queue(name)
-    using = using or conf.DATABASE
+    by = _by(by, "resume_queue")
+    using = database(using, conf)
     with transaction.atomic(using=using):
-        store.resume_queue(using, name=name, by=str(by), channel=conf.NOTIFY_CHANNEL)
+        store.resume_queue(using, name=name, by=by, channel=conf.NOTIFY_CHANNEL)
 
 
 @dataclass(frozen=True)
@@ -106,7 +125,7 @@ class QueueFlow:
 def queue_flows(using=None):
     """``[QueueFlow, ...]`` of every queue in ``QUEUES`` (and any paused queue not in it)."""
     conf = get_settings()
-    using = using or conf.DATABASE
+    using = database(using, conf)
     state = store.flow_state(using)
     names = list(conf.QUEUES) + sorted(set(state["queues"]) - set(conf.QUEUES))
     flows = []
@@ -137,7 +156,7 @@ def type_flows(using=None):
     """``[(type name, running, global_concurrency, rate_limit, reopens_at), ...]`` of the
     registered types that have a limit."""
     conf = get_settings()
-    using = using or conf.DATABASE
+    using = database(using, conf)
     state = store.flow_state(using)
     result = []
     for t in sorted(registry.all_types().values(), key=lambda t: t.name):

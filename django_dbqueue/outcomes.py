@@ -7,9 +7,17 @@ from . import payloads
 
 
 def _text(text):
-    """jsonb cannot hold NUL characters, and a runaway traceback should not bloat the row."""
+    """Text jsonb can hold, written so a reader sees what was there: a NUL as ``\\x00``, a lone
+    surrogate (an undecodable byte a handler's message carries, such as a file name read with
+    surrogateescape) as ``\\udcff``. jsonb refuses both, and the failure, with its error, would
+    never be recorded. A runaway traceback is cut short, so as not to bloat the row."""
     text = text.replace("\x00", "\\x00")
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 20] + "\n... (truncated)"
+
+
+text_for_record = _text  # a delivery's error text follows the same rules
 
 
 def _describe(exc):
@@ -28,9 +36,11 @@ def error_record(exc, *, attempt, worker_id, message=None):
         trace = ""
     return {
         "attempt": attempt,
-        "class": cls.__qualname__
-        if cls.__module__ == "builtins"
-        else f"{cls.__module__}.{cls.__qualname__}",
+        "class": _text(
+            cls.__qualname__
+            if cls.__module__ == "builtins"
+            else f"{cls.__module__}.{cls.__qualname__}"
+        ),
         "message": _text(message if message is not None else _describe(exc)),
         "traceback": _text(trace),
         "worker": worker_id,

@@ -30,7 +30,8 @@ def check(value, path="payload"):
 
     Allowed: ``dict`` with ``str`` keys, ``list``, ``str``, ``int``, finite ``float``, ``bool``,
     ``None`` (exact types: a tuple would come back a list, an enum a plain value); text that
-    PostgreSQL can store (no NUL, no lone surrogate), floats below 1e16 in magnitude, integers of
+    PostgreSQL can store (no NUL, no lone surrogate), floats below 1e16 in magnitude and not
+    ``-0.0`` (jsonb's numeric has no negative zero: it would come back ``0.0``), integers of
     at most 4300 digits, nesting at most 100 levels deep.
     """
     _check(value, (path,))
@@ -73,6 +74,13 @@ def _check(value, parts):
                 f"is the float {value!r}: PostgreSQL's jsonb returns a float of magnitude 1e16 or "
                 "more as a different number (an integer), so it would come back changed; send an "
                 "int or a string",
+            )
+        if not value and math.copysign(1.0, value) < 0:
+            _fail(
+                _where(parts),
+                "is -0.0: PostgreSQL's jsonb keeps numbers as numeric, which has no negative "
+                "zero, so it would come back as 0.0 with its sign lost; send 0.0, or a string "
+                "if the sign matters",
             )
         return
     if kind is dict or kind is list:

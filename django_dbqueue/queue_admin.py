@@ -82,7 +82,7 @@ class QueueStateAdmin(admin.ModelAdmin):
         known = get_settings().QUEUES
         names = [n for n in queryset.values_list("name", flat=True)]
         done = [n for n in names if n in known]
-        who = f"admin:{request.user.get_username()}"
+        who = f"admin:{request.user.get_username()}"[:200]  # as the cancel action records it
         for name in done:
             func(name, by=who)
         if done:

@@ -194,6 +194,10 @@ def job(
         name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
     )
     _validate_flow_options(f"@job({name!r})", unique_key, unique_while, serial_key)
+    if not isinstance(atomic, bool):  # "yes", 1 or None would be read as a truth value
+        raise JobRegistrationError(
+            f"@job({name!r}): atomic must be True or False, got {validation.shown(atomic)}"
+        )
 
     def decorator(func):
         _check_signature(name, func)
@@ -203,7 +207,7 @@ def job(
             # connection than the transaction that commits the completion: not atomic at all.
             raise JobRegistrationError(
                 f"@job({name!r}): atomic=True needs a plain (sync) function; "
-                f"{func.__qualname__} is async def, and its ORM calls would run outside the "
+                f"{_location(func)} is async def, and its ORM calls would run outside the "
                 "transaction that commits the job. Make the handler sync, or drop atomic=True "
                 "and use delivery records or idempotent writes."
             )
@@ -217,7 +221,7 @@ def job(
                 backoff=backoff,
                 timeout=None if timeout is None else float(timeout),
                 priority=priority,
-                atomic=bool(atomic),
+                atomic=atomic,
                 is_async=is_async,
                 global_concurrency=global_concurrency,
                 rate_limit=rate_limit,

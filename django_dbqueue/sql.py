@@ -1169,6 +1169,12 @@ MISSING_TABLES = """
 SELECT name FROM unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL
 """
 
+# Which migrations of an app the database recorded as applied (Django's own table): asked only
+# after a statement failed on a missing column or function, to name the migrations to apply.
+APPLIED_MIGRATIONS = """
+SELECT name FROM django_migrations WHERE app = %(app)s
+"""
+
 # django.tasks ------------------------------------------------------------------------------------
 
 # A task's result is its job row; the type check keeps a result id from reading other jobs.

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, connections, transaction
 
 from . import sql
-from .connections import DB_ERRORS, reset_connection, side_execute
+from .connections import DB_ERRORS, connect, reset_connection, side_execute
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -797,9 +797,28 @@ def schedule_state(using):
     return {name: last for name, last, _ in rows if name is not None}, rows[0][2]
 
 
-def missing_tables(using, tables):
-    """Those of ``tables`` that do not exist in database ``using``."""
-    return [row[0] for row in _execute(using, sql.MISSING_TABLES, {"tables": list(tables)})]
+def missing_tables(using, tables, *, after_error=False):
+    """Those of ``tables`` that do not exist in database ``using``. ``after_error``: a statement
+    just failed there, so a transaction open on the thread's connection is aborted; ask on a
+    connection of its own then."""
+    run = _execute_after_error if after_error else _execute
+    return [row[0] for row in run(using, sql.MISSING_TABLES, {"tables": list(tables)})]
+
+
+def applied_migrations(using, app):
+    """The names of ``app``'s migrations recorded as applied in ``using``, asked as
+    :func:`missing_tables` asks after an error."""
+    return [row[0] for row in _execute_after_error(using, sql.APPLIED_MIGRATIONS, {"app": app})]
+
+
+def _execute_after_error(using, statement, params):
+    """Run on ``using`` after a statement failed there: on the thread's Django connection when
+    no transaction was open (the failed statement ended its own), else on a connection opened
+    for this one question and closed (the caller's transaction is aborted)."""
+    if not connections[using].in_atomic_block:
+        return _execute(using, statement, params)
+    with connect(using) as own:
+        return own.execute(statement, params).fetchall()
 
 
 # Delivery records: on a connection that commits on its own (see connections.side_execute). ------

@@ -24,6 +24,9 @@ MAX_JOB_ID = 2**63 - 1  # dbqueue_job.id is bigint
 # No number of seconds handed to PostgreSQL is larger: ten years, far inside what interval and
 # timestamptz arithmetic can carry, and far outside any schedule a queue is for.
 MAX_SECONDS = 10 * 365 * 86400
+# Handler threads of one worker process (CONCURRENCY, a queue's "concurrency", --concurrency):
+# past this, threads and database connections run out long before any gain.
+MAX_CONCURRENCY = 1000
 
 _short = reprlib.Repr()
 _short.maxstring = 60
@@ -73,6 +76,15 @@ def name(value, label, *, max_length, error=ValueError):
     if problem:
         raise error(f"{label} {shown(value)} {problem}")
     return value
+
+
+MAX_BY = 200  # who cancelled, paused or resumed, for the record (cancelled_by is varchar(200))
+
+
+def by(value, label="by", error=ValueError):
+    """Who did an operator action, for the record: a non-empty str of at most 200 characters
+    that PostgreSQL can store (no NUL, no lone surrogate: a command's undecodable argument)."""
+    return name(value, label, max_length=MAX_BY, error=error)
 
 
 def queue_name(value, label="queue", error=ValueError):

@@ -8,9 +8,9 @@ it ``pending`` when its last dependency is done, or cancels it when one dies or 
 (unless it was added with ``on_failure="run"``).
 """
 
-from . import payloads, store, tracing, validation, waiters, wakeup
+from . import payloads, schema, store, tracing, validation, waiters, wakeup
 from .conf import get_settings
-from .enqueue import EnqueuedJob, _check_database, _prepare, columns_of
+from .enqueue import EnqueuedJob, _prepare, columns_of, database
 from .exceptions import EnqueueError, UnknownJobType
 
 ON_FAILURE = ("cancel", "run")
@@ -133,14 +133,14 @@ class Workflow:
                     stack.append((nxt, iter(nxt.depends_on)))
                     path.append(nxt)
 
+    @schema.explains_unmigrated
     def enqueue(self, *, using=None):
         """Insert every job and edge in one statement; returns one :class:`EnqueuedJob` per job,
         in the order added. Raises ``EnqueueError`` (naming the job) before anything is written
         for a bad argument, a cycle, or a dependency id that does not exist or is dead or
         cancelled."""
         conf = get_settings()
-        using = using or conf.DATABASE
-        _check_database(using)
+        using = database(using, conf)
         if not self.jobs:
             return []
         self._check_cycles()

@@ -7,7 +7,7 @@ from django_dbqueue import validation
 from django_dbqueue.conf import get_settings
 
 BIGINT_MAX = 2**63 - 1  # job ids are bigint
-MAX_CONCURRENCY = 1000  # handler threads per process: past this, threads and connections run out
+MAX_CONCURRENCY = validation.MAX_CONCURRENCY  # handler threads per process (CONCURRENCY too)
 MAX_PROCESSES = 256
 
 
@@ -59,6 +59,7 @@ def _usage(validator):
 
 job_type_name = _usage(validation.type_name)
 queue_name = _usage(validation.queue_name)
+who = _usage(validation.by)  # --by: an undecodable byte arrives as a lone surrogate
 
 
 def queue_list(text):

@@ -129,3 +129,44 @@ def test_e008_cron_that_never_fires(settings):
     }
     found = [(m.id, m.msg) for m in check_settings()]
     assert [i for i, _ in found] == ["dbqueue.E008"] and "never comes due" in found[0][1]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fragment"),
+    [
+        ("CONCURRENCY", 10**20, "an integer >= 1, at most 1000, got 100000000000000000000"),
+        pytest.param(
+            "CONCURRENCY",
+            10**400,
+            "an integer >= 1, at most 1000, got an integer of 401 digits",
+            id="CONCURRENCY-10**400",
+        ),
+        ("CONCURRENCY", 1001, "at most 1000, got 1001"),
+        ("PREFETCH", 10**9, "an integer >= 0, at most 315360000, or None (adaptive)"),
+        ("POLL_INTERVAL", 1e300, "a number of seconds > 0, at most 315360000, got 1e+300"),
+        ("SWEEP_BATCH", 10**12, "an integer >= 1, at most 315360000"),
+        ("DONE_RETENTION", 10**10, "seconds >= 0, at most 315360000, or None (keep)"),
+        ("HUNG_THREAD_LIMIT", 10**9, "or None (the concurrency)"),
+        ("LEASE", 86401, "a number of seconds > 0, at most 86400"),
+    ],
+)
+def test_e003_states_the_upper_bound_it_enforces(key, value, fragment, settings):
+    # A number past the bound is refused by a message that says what the bound is; an integer
+    # too large for a float is refused, not an OverflowError from the check itself.
+    found = ids({"QUEUES": {"default": {}, "emails": {}}, key: value}, settings)
+    assert [i for i, _, _ in found] == ["dbqueue.E003"]
+    assert f"DBQUEUE['{key}'] must be" in found[0][1] and fragment in found[0][1]
+
+
+@pytest.mark.parametrize("value", [1001, 10**20, 10**400], ids=["1001", "10**20", "10**400"])
+def test_e003_a_queues_concurrency_states_its_bound(value, settings):
+    found = ids({"QUEUES": {"default": {"concurrency": value}, "emails": {}}}, settings)
+    assert [i for i, _, _ in found] == ["dbqueue.E003"]
+    assert "['concurrency'] must be an integer >= 1, at most 1000, or None, got" in found[0][1]
+
+
+def test_the_bound_of_concurrency_is_the_commands_bound():
+    from django_dbqueue import validation
+    from django_dbqueue.management.arguments import MAX_CONCURRENCY
+
+    assert MAX_CONCURRENCY == validation.MAX_CONCURRENCY == 1000

@@ -11,7 +11,7 @@ from django_dbqueue.deliveries import (
     deliver,
     settle_delivery,
 )
-from django_dbqueue.exceptions import DBQueueError
+from django_dbqueue.exceptions import DBQueueError, InvalidArgument
 from django_dbqueue.sweeper import Sweeper
 from tests.testapp.models import Effect, ProviderCall
 from tests.utils import job_row, run_concurrently, scalar, wait_until
@@ -93,7 +93,7 @@ def test_record_commits_even_inside_a_transaction_that_rolls_back():
 
 
 def test_bad_key_is_refused():
-    with pytest.raises(ValueError, match="delivery key must be a non-empty string"):
+    with pytest.raises(InvalidArgument, match="delivery key must be a non-empty string"):
         begin_delivery("")
 
 
@@ -180,7 +180,7 @@ def test_settle_delivery_from_outside_the_job_and_fields_exposed():
     assert begin_delivery("charge:9").is_sent
     # The holder's own confirmation now reports the truth instead of pretending.
     assert held.sent("ch_other") is False and held.state == "sent"
-    with pytest.raises(ValueError, match="settled as 'sent' or 'failed'"):
+    with pytest.raises(InvalidArgument, match="settled as 'sent' or 'failed'"):
         settle_delivery("charge:9", "done")
 
 

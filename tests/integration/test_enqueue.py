@@ -2,6 +2,7 @@
 
 import datetime
 import json
+import math
 import threading
 import time
 
@@ -376,6 +377,8 @@ def nested(depth):
         (("noop", {"\ud800": 1}), {}, PayloadError, "has a key '\\ud800' that contains a lone"),
         (("noop", nested(10_000)), {}, PayloadError, "nested more than 100 levels deep"),
         (("noop", {"n": 10**5000}), {}, PayloadError, 'payload["n"] is an integer of 5001 digits'),
+        (("noop", {"z": [1, -0.0]}), {}, PayloadError, 'payload["z"][1] is -0.0: PostgreSQL'),
+        (("noop", -0.0), {}, PayloadError, "payload is -0.0"),
         (("noop",), {"idempotency_key": "a\x00"}, EnqueueError, "idempotency_key 'a\\x00'"),
         (("noop",), {"idempotency_key": "\udc00"}, EnqueueError, "contains a lone surrogate"),
         (("no\udc00op",), {}, EnqueueError, "job type 'no\\udc00op' contains a lone surrogate"),
@@ -431,10 +434,14 @@ def same(a, b):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, list):
         return len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, float):  # -0.0 == 0.0, but a sign that comes back lost has changed
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
     return a == b
 
 
 @hypothesis.settings(max_examples=300)
+@hypothesis.example({"z": -0.0})
+@hypothesis.example([0.0, -1e-300, -5e-324])
 @given(json_values)
 def test_what_enqueue_accepts_comes_back_from_jsonb_unchanged(value):
     try:

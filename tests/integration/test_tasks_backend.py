@@ -224,6 +224,51 @@ def test_a_stored_path_that_is_not_a_task_of_this_backend_is_dead_never_called(p
     )
 
 
+def insert_task_row(payload_json):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+               max_attempts, lease_seconds, errors, created_at)
+               VALUES ('django.tasks', 'default', %s, 'pending', 0, now(), 0, 5, 60, '[]', now())
+               RETURNING id""",
+            [payload_json],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ("[1, 2]", 'its payload must be an object like {"task": '),
+        ('"tests.testapp.tasks.add"', "got str 'tests.testapp.tasks.add'"),
+        ("5", "got int 5"),
+        ("null", "got NoneType None"),
+        ('{"args": []}', "its payload has no 'task'"),
+        ('{"task": 5}', "its payload['task'] must be a str, got int 5"),
+        ('{"task": "tests.testapp.tasks.add", "args": {"a": 1}}', "payload['args'] must be a list"),
+        ('{"task": "tests.testapp.tasks.add", "kwargs": [1]}', "payload['kwargs'] must be a JSON"),
+        ('{"task": "tests.testapp.tasks.add", "backend": ["default"]}', "payload['backend'] must"),
+    ],
+)
+def test_a_row_whose_payload_is_not_a_tasks_payload_is_dead_at_once_saying_why(
+    payload, fragment, start_worker
+):
+    from django.tasks import task_backends
+    from django.tasks.exceptions import TaskResultDoesNotExist
+
+    job_id = insert_task_row(payload)
+    start_worker()
+    wait_until(lambda: job_row(job_id)["state"] == "dead", message="dead-lettered")
+    row = job_row(job_id)
+    assert row["attempts"] == 1, row["errors"]  # not retried: every attempt would fail alike
+    assert row["errors"][0]["class"] == "django_dbqueue.exceptions.DiscardJob"
+    message = row["errors"][0]["message"]
+    assert f"job {job_id} is not a django.tasks job that DBQueueBackend enqueued" in message
+    assert fragment in message and "it was not run" in message
+    with pytest.raises(TaskResultDoesNotExist):  # not an AttributeError from the bad row
+        task_backends["default"].get_result(str(job_id))
+
+
 def test_unknown_result_id():
     from django.tasks import task_backends
     from django.tasks.exceptions import TaskResultDoesNotExist
@@ -232,6 +277,9 @@ def test_unknown_result_id():
         task_backends["default"].get_result("999999")
     with pytest.raises(TaskResultDoesNotExist):
         task_backends["default"].get_result("not-a-number")
+    for outside_bigint in (str(2**63), "0", "-1", "9" * 5000):  # not a DataError
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(outside_bigint)
 
 
 def test_backend_check_names_queues_missing_from_dbqueue(settings):

@@ -341,6 +341,29 @@ def test_a_result_json_cannot_store_is_dead_at_once_not_retried(start_worker, tm
         registry.unregister("bad-result")
 
 
+@pytest.mark.parametrize("atomic", [False, True])
+def test_a_result_of_negative_zero_is_dead_at_once_with_its_path_not_stored_as_zero(
+    start_worker, atomic
+):
+    # jsonb has no negative zero: stored, {"delta": -0.0} would read back as 0.0 with its sign
+    # lost. The job is not lost either: it is dead (requeueable) with the reason.
+    from django_dbqueue import job, registry
+
+    @job("negative-zero", max_attempts=5, atomic=atomic)
+    def negative_zero(ctx):
+        return {"delta": [-0.0]}
+
+    try:
+        start_worker(concurrency=1)
+        bad = enqueue("negative-zero")
+        row = wait_state(bad.id, "dead")
+        assert row["attempts"] == 1 and row["result"] is None
+        assert row["errors"][0]["class"] == "django_dbqueue.outcomes.ResultError"
+        assert 'result["delta"][0] is -0.0' in row["errors"][0]["message"]
+    finally:
+        registry.unregister("negative-zero")
+
+
 def test_a_raising_signal_receiver_does_not_stop_acknowledgements(start_worker):
     def explode(sender, **kwargs):
         raise RuntimeError("alerting is down")
@@ -610,6 +633,33 @@ def test_unprintable_and_nul_errors_are_recorded_not_lost(start_worker):
     finally:
         registry.unregister("nul-error")
         registry.unregister("weird-error")
+
+
+def test_an_error_with_a_lone_surrogate_is_recorded_escaped_not_retried_forever(start_worker):
+    # A file name read with surrogateescape carries its undecodable byte as a lone surrogate,
+    # which jsonb refuses: the failure could not be recorded, and the worker tried forever.
+    from django_dbqueue import DiscardJob, job, registry
+
+    @job("surrogate-error", max_attempts=2)
+    def surrogate_error(ctx):
+        raise ValueError("cannot open b'r\udcffport.csv'")
+
+    @job("surrogate-discard")
+    def surrogate_discard(ctx):
+        raise DiscardJob("bad \udcfe \x00 input")
+
+    try:
+        start_worker(concurrency=2)
+        retried, discarded = enqueue("surrogate-error"), enqueue("surrogate-discard")
+        row = wait_state(retried.id, "dead")
+        assert row["attempts"] == 2 and len(row["errors"]) == 2
+        assert row["errors"][0]["message"] == "cannot open b'r\\udcffport.csv'"
+        assert "\\udcffport.csv" in row["errors"][0]["traceback"]
+        row = wait_state(discarded.id, "dead")
+        assert row["attempts"] == 1 and row["errors"][0]["message"] == "bad \\udcfe \\x00 input"
+    finally:
+        registry.unregister("surrogate-error")
+        registry.unregister("surrogate-discard")
 
 
 def test_a_job_given_up_and_reclaimed_by_the_same_worker_keeps_its_heartbeat_and_timeout(

@@ -1,6 +1,7 @@
 """Payload validation is exact: what passes survives a JSON round trip unchanged."""
 
 import json
+import math
 
 import pytest
 from hypothesis import given
@@ -16,6 +17,8 @@ json_values = st.recursive(
     | st.booleans()
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False, min_value=-9.999e15, max_value=9.999e15)
+    # -0.0 is refused: jsonb's numeric has no negative zero (see the -0.0 cases below)
+    .filter(lambda f: math.copysign(1.0, f) > 0 or f != 0)
     | storable_text,
     lambda children: st.lists(children) | st.dictionaries(storable_text, children),
     max_leaves=20,
@@ -45,6 +48,9 @@ def nested(depth):
         ({"deep": nested(10_000)}, "is nested more than 100 levels deep"),
         ({"big": 10**5000}, 'payload["big"] is an integer of 5001 digits; at most 4300'),
         ({1: "x"}, "has a key 1 of type int"),
+        ({"t": -0.0}, 'payload["t"] is -0.0: PostgreSQL\'s jsonb keeps numbers as numeric'),
+        ({"t": [{"u": -0.0}]}, 'payload["t"][0]["u"] is -0.0'),
+        (-0.0, "payload is -0.0"),
     ],
 )
 def test_payloads_that_would_not_survive_are_refused_by_path(payload, fragment):
@@ -70,3 +76,21 @@ def test_a_result_is_told_to_return_json_not_to_convert_before_enqueueing():
     assert "enqueueing" not in str(caught.value)
     with pytest.raises(PayloadError, match="convert it before enqueueing"):
         check({1, 2})
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1e-320, -1e-320, -5e-324])
+def test_zero_and_the_tiniest_floats_keep_their_sign_or_are_refused(value):
+    # Only a negative zero loses its sign in jsonb; the tiniest negative numbers keep theirs.
+    if value == 0 and math.copysign(1.0, value) < 0:
+        with pytest.raises(PayloadError, match=r'^payload\["z"\] is -0.0'):
+            dumps({"z": value})
+    else:
+        assert json.loads(dumps({"z": value}))["z"] == value
+
+
+def test_a_result_of_negative_zero_is_refused_by_its_path():
+    from django_dbqueue.outcomes import ResultError, encode_result
+
+    with pytest.raises(ResultError, match=r'result\["totals"\]\[2\] is -0.0') as caught:
+        encode_result({"totals": [1.5, 0.0, -0.0]})
+    assert isinstance(caught.value, TypeError)

@@ -97,3 +97,63 @@ def test_tasks_module_on_django_5_explains_it_needs_django_6():
         ImproperlyConfigured, match=r"exists from Django 6.0 on; this project runs Django 5\.2"
     ):
         import django_dbqueue.tasks  # noqa: F401
+
+
+def _handler(ctx):
+    return None
+
+
+async def _async_handler(ctx):
+    return None
+
+
+# Every option of @job, given a value of the wrong kind: a named error (a JobRegistrationError,
+# which is a ValueError too) that names the option and shows the value, and nothing registered.
+@pytest.mark.parametrize(
+    ("args", "kwargs", "fragment"),
+    [
+        (
+            (["x"],),
+            {},
+            "@job type name must be a non-empty string of at most 200 characters, got ['x']",
+        ),
+        ((b"x",), {}, "@job type name must be a non-empty string"),
+        (("a\x00",), {}, "@job type name 'a\\x00' contains a NUL character"),
+        (("opts",), {"queue": ["default"]}, "@job('opts'): queue must be a non-empty string"),
+        (("opts",), {"max_attempts": 2.0}, "max_attempts must be an integer from 1"),
+        (("opts",), {"lease": "60"}, "lease must be a number of seconds, got '60'"),
+        (("opts",), {"timeout": True}, "timeout must be a number of seconds, got True"),
+        (("opts",), {"backoff": "exp"}, "backoff must be callable"),
+        (("opts",), {"priority": None}, "priority must be an integer from -100 to 100"),
+        (("opts",), {"atomic": "yes"}, "@job('opts'): atomic must be True or False, got 'yes'"),
+        (("opts",), {"atomic": 1}, "atomic must be True or False, got 1"),
+        (("opts",), {"atomic": None}, "atomic must be True or False, got None"),
+        (("opts",), {"global_concurrency": True}, "global_concurrency must be an integer from 1"),
+        (("opts",), {"rate_limit": ["x"]}, "rate_limit must be a dict like"),
+        (("opts",), {"rate_limit": {1: 2}}, "rate_limit has unknown key(s) 1"),
+        (("opts",), {"unique_key": "k"}, "unique_key must be a callable of the payload"),
+        (("opts",), {"unique_while": ["active"]}, "unique_while must be 'pending' or 'active'"),
+        (("opts",), {"serial_key": 5}, "serial_key must be a callable of the payload"),
+    ],
+)
+def test_every_option_of_the_wrong_kind_is_a_named_error(args, kwargs, fragment):
+    with pytest.raises(JobRegistrationError) as caught:
+        job(*args, **kwargs)(_handler)
+    assert isinstance(caught.value, ValueError)
+    assert fragment in str(caught.value)
+    assert registry.get("opts") is None
+
+
+@pytest.mark.parametrize("func", [None, "handler", 3, object()])
+def test_a_handler_that_is_not_callable_is_a_named_error(func):
+    with pytest.raises(JobRegistrationError, match="is not a callable object"):
+        job("not-callable")(func)
+    assert registry.get("not-callable") is None
+
+
+def test_an_atomic_async_handler_without_a_qualname_is_refused_by_name():
+    import functools
+
+    with pytest.raises(JobRegistrationError, match=r"atomic=True needs a plain \(sync\)"):
+        job("atomic-partial", atomic=True)(functools.partial(_async_handler))
+    assert registry.get("atomic-partial") is None

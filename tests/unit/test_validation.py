@@ -142,3 +142,21 @@ def test_keys_accept_str_and_int():
     assert validation.job_key(42, "serial_key") == "42"
     assert validation.job_key("acct:1", "serial_key") == "acct:1"
     assert validation.unique_while("pending") == "pending"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "by must be a non-empty string of at most 200 characters, got ''"),
+        ("x" * 100_000, "by must be a non-empty string of at most 200 characters, got 'xxxxxx"),
+        (["ops"], "by must be a non-empty string of at most 200 characters, got ['ops']"),
+        ("o\x00ps", "by 'o\\x00ps' contains a NUL character (\\x00), which PostgreSQL cannot"),
+        ("op\udcff", "by 'op\\udcff' contains a lone surrogate ('\\udcff' at index 2), which"),
+    ],
+)
+def test_who_did_it_is_text_postgresql_can_store(value, message):
+    # One rule for cancel()'s, pause_queue()'s and the command's --by: one wording.
+    with pytest.raises(ValueError) as caught:
+        validation.by(value)
+    assert str(caught.value).startswith(message)
+    assert validation.by("x" * 200) == "x" * 200

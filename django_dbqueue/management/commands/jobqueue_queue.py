@@ -2,8 +2,10 @@ import getpass
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_dbqueue import flow
+from django_dbqueue import flow, validation
 from django_dbqueue.conf import get_settings
+from django_dbqueue.exceptions import InvalidArgument
+from django_dbqueue.management.arguments import queue_name, who
 from django_dbqueue.management.preflight import queue_database
 
 
@@ -15,8 +17,15 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("action", choices=["pause", "resume", "list"])
-        parser.add_argument("name", nargs="?", help="The queue (a key of DBQUEUE['QUEUES']).")
-        parser.add_argument("--by", default=None, help="Who, for the record (default: $USER).")
+        parser.add_argument(
+            "name", nargs="?", type=queue_name, help="The queue (a key of DBQUEUE['QUEUES'])."
+        )
+        parser.add_argument(
+            "--by",
+            default=None,
+            type=who,
+            help=f"Who, for the record, at most {validation.MAX_BY} characters (default: $USER).",
+        )
 
     def handle(self, *args, action, name, by, **options):
         using = queue_database()
@@ -31,12 +40,16 @@ class Command(BaseCommand):
         if name not in get_settings().QUEUES:
             known = ", ".join(sorted(get_settings().QUEUES))
             raise CommandError(f"queue {name!r} is not in DBQUEUE['QUEUES'] (known: {known})")
-        who = by if by is not None else f"command:{getpass.getuser()}"
+        if by is None:
+            by = f"command:{getpass.getuser()}"[: validation.MAX_BY]
+        switch = flow.pause_queue if action == "pause" else flow.resume_queue
+        try:
+            switch(name, by=by, using=using)
+        except InvalidArgument as exc:  # a $USER that PostgreSQL cannot store
+            raise CommandError(f"{exc} (pass --by)") from None
         if action == "pause":
-            flow.pause_queue(name, by=who, using=using)
             self.stdout.write(f"paused {name}: no worker claims its jobs until it is resumed")
         else:
-            flow.resume_queue(name, by=who, using=using)
             self.stdout.write(f"resumed {name}")
 
 
