@@ -88,6 +88,9 @@ def shut_down(w):
             len(remaining),
             w.conf.SHUTDOWN_GRACE,
         )
+        # Process mode: their handler processes are killed first, and gone before the jobs go
+        # back (a child that ignores SIGTERM must not run on while its job runs elsewhere).
+        w.pool.end_runs(remaining)
         release(w, remaining, "still running after the grace period")
     w.pool.stop(timeout=0.5)
     # Whatever finished meanwhile: written, with retries through a lost connection.
