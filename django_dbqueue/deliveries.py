@@ -26,13 +26,16 @@ or the provider's own idempotency (``delivery.key``) settles it.
 """
 
 import contextlib
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 from . import store, validation
 from .conf import get_settings
 from .exceptions import DBQueueError
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
+
+logger = logging.getLogger("django_dbqueue")
 
 
 class DeliveryFailed(DBQueueError):
@@ -65,6 +68,9 @@ class Delivery:
     updated_at: object = None
     using: str = "default"
     settled: bool = False
+    # When this caller recorded it (the row's updated_at then): names this recording, so that
+    # only this caller's recording is settled by it (sql.SETTLE_DELIVERY).
+    recorded_at: object = field(default=None, repr=False)
 
     @property
     def is_sent(self):
@@ -102,19 +108,33 @@ class Delivery:
             holder=True,
             job_id=self.job_id,
             attempt=self.attempt,
+            recorded_at=self.recorded_at,
         )
+        # Matched nothing: the record is no longer this recording's, unless a try whose reply
+        # was lost moved it (None).
         current = None if moved else store.delivery(self.using, self.key)
         if current is not None:
             self.state, self.provider_reference, self.error = current[1], current[2], current[3]
             # A try that committed but lost its reply: the retry matched nothing, yet the row
             # says what this call said, for this job and attempt.
-            moved = (current[1], current[2], current[3], current[4], current[5]) == (
-                state,
-                reference,
-                error,
-                self.job_id,
-                self.attempt,
-            )
+            moved = moved is None and (
+                current[1],
+                current[2],
+                current[3],
+                current[4],
+                current[5],
+            ) == (state, reference, error, self.job_id, self.attempt)
+            if not moved:
+                logger.warning(
+                    "dbqueue delivery %r: not settled %s by job=%s attempt=%s: the record is no "
+                    "longer this run's (a person settled it, or another run recorded it since); "
+                    "it is %s",
+                    self.key,
+                    state,
+                    self.job_id,
+                    self.attempt,
+                    self.state,
+                )
         if moved:
             self.state, self.provider_reference, self.error = state, reference, error
         return moved
@@ -129,15 +149,17 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
     _check_key(key)
     if state not in ("sent", "failed"):
         raise ValueError(f"a delivery is settled as 'sent' or 'failed', got {state!r}")
-    return store.settle_delivery(
-        using or get_settings().DATABASE,
-        key=key,
-        state=state,
-        reference=str(reference or ""),
-        error=str(error or ""),
-        holder=False,
-        job_id=None,
-        attempt=0,
+    return bool(
+        store.settle_delivery(
+            using or get_settings().DATABASE,
+            key=key,
+            state=state,
+            reference=str(reference or ""),
+            error=str(error or ""),
+            holder=False,
+            job_id=None,
+            attempt=0,
+        )
     )
 
 
@@ -154,8 +176,17 @@ def begin_delivery(key, *, ctx=None, using=None):
     _check_key(key)
     using = using or (ctx.using if ctx is not None else get_settings().DATABASE)
     job_id, attempt = getattr(ctx, "id", None), getattr(ctx, "attempt", 0)
-    if store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt):
-        return Delivery(key, True, "recorded", job_id=job_id, attempt=attempt, using=using)
+    recorded_at = store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt)
+    if recorded_at is not None:
+        return Delivery(
+            key,
+            True,
+            "recorded",
+            job_id=job_id,
+            attempt=attempt,
+            using=using,
+            recorded_at=recorded_at,
+        )
     row = store.delivery(using, key)
     if row is None:  # pragma: no cover - deleted between the two statements
         return begin_delivery(key, ctx=ctx, using=using)

@@ -792,15 +792,18 @@ SELECT count(*) FROM (
 # delivery definitely failed is moved back to 'recorded' in the same statement (ON CONFLICT takes
 # the row lock, so of two attempts racing only one sees 'failed'); a key that is recorded
 # (outcome unknown) or sent returns nothing, and the caller must not perform the effect.
+# It returns the record's updated_at, which names this recording (see SETTLE_DELIVERY): every
+# write of a delivery row moves updated_at forward, by at least a microsecond past its last value.
 BEGIN_DELIVERY = """
 INSERT INTO dbqueue_delivery (key, state, job_id, attempt, provider_reference, error,
                               created_at, updated_at)
 VALUES (%(key)s, 'recorded', %(job_id)s, %(attempt)s, '', '', now(), now())
 ON CONFLICT (key) DO UPDATE
     SET state = 'recorded', job_id = EXCLUDED.job_id, attempt = EXCLUDED.attempt,
-        provider_reference = '', error = '', updated_at = now()
+        provider_reference = '', error = '',
+        updated_at = GREATEST(now(), dbqueue_delivery.updated_at + interval '1 microsecond')
     WHERE dbqueue_delivery.state = 'failed'
-RETURNING id
+RETURNING id, updated_at
 """
 
 SELECT_DELIVERY = """
@@ -810,21 +813,30 @@ FROM dbqueue_delivery WHERE key = %(key)s
 
 # Settle a recorded delivery: sent (with the provider's reference) or failed (with the error).
 # Only a 'recorded' row moves, so a late or repeated confirmation changes nothing. A run that
-# holds the record settles it only while it is still its own (same job and attempt): if a person
-# failed it meanwhile and a later attempt re-recorded it, the old run's late word is refused.
+# holds the record settles it only while it is still its own recording: same job and attempt,
+# and the updated_at its BEGIN_DELIVERY returned (%(recorded_at)s). Attempt numbers repeat (a
+# requeue starts them again at 1): a stale run of attempt 1, whose record a person failed and the
+# requeued job's attempt 1 recorded again, matches on job and attempt, but not on the recording,
+# whose updated_at only ever moves forward (by at least a microsecond per write, so that two
+# writes within one microsecond cannot share it). A run whose lease expired but whose recording
+# nobody replaced still settles it: it holds the record, and only it knows the outcome.
 SETTLE_DELIVERY = """
 UPDATE dbqueue_delivery
-SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s, updated_at = now()
+SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s,
+    updated_at = GREATEST(now(), updated_at + interval '1 microsecond')
 WHERE key = %(key)s AND state = 'recorded'
   AND (%(holder)s::boolean IS NOT TRUE
-       OR (job_id IS NOT DISTINCT FROM %(job_id)s::bigint AND attempt = %(attempt)s::int))
+       OR (job_id IS NOT DISTINCT FROM %(job_id)s::bigint AND attempt = %(attempt)s::int
+           AND (%(recorded_at)s::timestamptz IS NULL OR updated_at = %(recorded_at)s::timestamptz)))
 RETURNING id
 """
 
 # A person settles unconfirmed deliveries from the admin: only 'recorded' rows move, so a record
 # that its job settled meanwhile keeps the job's word.
 SETTLE_DELIVERIES_BY_ID = """
-UPDATE dbqueue_delivery SET state = %(state)s, error = %(error)s, updated_at = now()
+UPDATE dbqueue_delivery
+SET state = %(state)s, error = %(error)s,
+    updated_at = GREATEST(now(), updated_at + interval '1 microsecond')
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'recorded'
 RETURNING id
 """
