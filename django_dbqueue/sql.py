@@ -738,6 +738,23 @@ WHERE state = 'running' AND worker_id = %(worker)s
 RETURNING id
 """
 
+# The backend of a session, taken when it connects: its pid and start (a pid alone may be reused
+# by a later backend). Read again after a lost connection (TERMINATE_LOST_BACKEND).
+SESSION_BACKEND = """
+SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()
+"""
+
+# After a lost connection, before RELEASE_UNKNOWN_JOBS: end the session's old backend and wait
+# until it is gone. The client side may be gone while the backend still runs the last statement
+# (waiting on a lock, or for its commit): a claim it commits after the release has looked is
+# never released, and its jobs sit out their lease and spend an attempt. Once that backend is
+# gone, its transaction has committed or rolled back, and the release's snapshot sees which.
+# No row: it is gone already. A false: still there after the wait (try again).
+TERMINATE_LOST_BACKEND = """
+SELECT pg_terminate_backend(pid, %(wait_ms)s) FROM pg_stat_activity
+WHERE pid = %(pid)s AND backend_start = %(started)s
+"""
+
 # The sweeper: jobs whose lease ran out (their worker died or hung) go back to pending, after the
 # default backoff with full jitter, or to dead when their attempts are spent. The attempt that
 # expired counts and is recorded as an error. (The exponent is clamped so power() cannot overflow.) Bounded, and SKIP LOCKED so several workers sweeping
