@@ -123,8 +123,9 @@ class Session:
 
     APPLICATION_NAME = "dbqueue worker"  # unless the database's OPTIONS name one
 
-    def __init__(self, using, *, prepare=True, listen=None, on_notify=None):
+    def __init__(self, using, *, prepare=True, listen=None, on_notify=None, track_backend=False):
         self.using = using
+        self.track_backend = track_backend  # note the backend at connect (end_lost_backends)
         self.prepare = prepare
         self.listen = listen
         self.on_notify = on_notify
@@ -133,11 +134,12 @@ class Session:
         self.conn = None
         self.generic = False  # the connection's plan_cache_mode is force_generic_plan
         self.statements = 0  # executed, for tests that pin the hot paths' query counts
-        # (pid, backend_start) of the connection's server backend, when it is one of its own
-        # (not a pooler's, whose server connections serve other clients too); and those of
-        # connections dropped since, until end_lost_backends() saw them gone.
+        # With track_backend: (pid, backend_start) of the connection's server backend, when it
+        # is one of its own (not a pooler's, whose server connections serve other clients too),
+        # taken with one statement per connect; and those of connections dropped since, until
+        # end_lost_backends() saw them gone.
         self.backend = None
-        self.lost_backends = []
+        self.lost_backends = collections.deque(maxlen=8)
 
     def _connect(self):
         kwargs = {"prepare_threshold": 0 if self.prepare else None}
@@ -156,7 +158,8 @@ class Session:
                     psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.listen)),
                     prepare=False,
                 )
-            self.backend = self._own_backend(conn)
+            if self.track_backend:
+                self.backend = self._own_backend(conn)
         except BaseException:
             conn.close()
             raise
@@ -196,7 +199,7 @@ class Session:
                 rows = []
             if rows and not rows[0][0]:
                 return False
-            self.lost_backends.pop(0)
+            self.lost_backends.popleft()
         return True
 
     def _plan_mode(self, statement):

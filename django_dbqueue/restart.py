@@ -32,18 +32,29 @@ import time
 
 logger = logging.getLogger("django_dbqueue")
 
-ENV = "DBQUEUE_RESTARTED"  # set by the old image for the new one: the worker id, recent restarts
+# Set by the old image for the new one: its pid, the worker id, the recent restarts. Read once and
+# taken out of the environment, so that no process the new image starts inherits it; the pid
+# makes sure only an image of the same process takes it for its own.
+ENV = "DBQUEUE_RESTARTED"
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 WINDOW = 60.0  # restarts within this many seconds count towards the delay
+_taken = []  # the state taken out of the environment: [state or None]
 
 
 def previous():
     """``{"worker": id, "times": [...]}`` left by the image this one replaced, or None."""
-    raw = os.environ.get(ENV)
+    if not _taken:
+        _taken.append(_read(os.environ.pop(ENV, None)))
+    return _taken[0]
+
+
+def _read(raw):
     if not raw:
         return None
     try:
         state = json.loads(raw)
+        if int(state["pid"]) != os.getpid():
+            return None  # inherited by another process: not ours
         return {"worker": str(state["worker"]), "times": [float(t) for t in state["times"]]}
     except (ValueError, KeyError, TypeError):
         return None
@@ -94,7 +105,7 @@ def in_place(worker, out):
         out(f"dbqueue worker {worker.worker_id}: stop asked for; not restarting")
         return
     times = [t for t in state["times"] if now - t < WINDOW] + [time.time()]
-    os.environ[ENV] = json.dumps({"worker": worker.worker_id, "times": times})
+    os.environ[ENV] = json.dumps({"pid": os.getpid(), "worker": worker.worker_id, "times": times})
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     logging.shutdown()  # flush every handler; the new image configures logging afresh

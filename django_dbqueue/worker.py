@@ -140,6 +140,7 @@ class Worker:
             prepare=conf.PREPARE,
             listen=conf.NOTIFY_CHANNEL if listen_here else None,
             on_notify=self._wakeup.set,
+            track_backend=True,  # a claim its lost connection left running is ended (_recover)
         )
         self.acks = Acknowledger(
             worker_id=self.worker_id,

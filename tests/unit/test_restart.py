@@ -2,6 +2,7 @@
 the old image hands the new one (no database, no exec)."""
 
 import json
+import os
 
 from django_dbqueue import restart
 
@@ -15,12 +16,28 @@ def test_restarts_in_quick_succession_wait_longer_and_longer():
     assert restart.delay([now - 1] * 20, now) == 30.0
 
 
-def test_the_state_left_for_the_new_image_is_read_back_or_ignored_when_broken(monkeypatch):
-    monkeypatch.delenv(restart.ENV, raising=False)
-    assert restart.previous() is None and restart.worker_id() is None
-    monkeypatch.setenv(restart.ENV, json.dumps({"worker": "host:1:ab", "times": [1.5]}))
-    assert restart.previous() == {"worker": "host:1:ab", "times": [1.5]}
+def read(monkeypatch, value):
+    """What a new image reads from the environment ``value`` (None: not set)."""
+    monkeypatch.setattr(restart, "_taken", [])
+    if value is None:
+        monkeypatch.delenv(restart.ENV, raising=False)
+    else:
+        monkeypatch.setenv(restart.ENV, value)
+    return restart.previous()
+
+
+def test_the_state_left_for_the_new_image_is_read_once_and_taken_out_of_the_environment(
+    monkeypatch,
+):
+    assert read(monkeypatch, None) is None and restart.worker_id() is None
+    state = {"pid": os.getpid(), "worker": "host:1:ab", "times": [1.5]}
+    assert read(monkeypatch, json.dumps(state)) == {"worker": "host:1:ab", "times": [1.5]}
+    assert restart.ENV not in os.environ  # a process started from here does not inherit it
     assert restart.worker_id() == "host:1:ab"
-    for broken in ("{", "[]", json.dumps({"worker": "x"}), json.dumps({"times": "x"})):
-        monkeypatch.setenv(restart.ENV, broken)
-        assert restart.previous() is None
+
+
+def test_a_state_inherited_from_another_process_or_broken_is_ignored(monkeypatch):
+    other = {"pid": os.getpid() + 1, "worker": "host:1:ab", "times": [1.5]}
+    assert read(monkeypatch, json.dumps(other)) is None
+    for broken in ("{", "[]", json.dumps({"worker": "x"}), json.dumps({"pid": os.getpid()})):
+        assert read(monkeypatch, broken) is None
