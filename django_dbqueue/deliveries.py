@@ -68,9 +68,10 @@ class Delivery:
     updated_at: object = None
     using: str = "default"
     settled: bool = False
-    # When this caller recorded it (the row's updated_at then): names this recording, so that
-    # only this caller's recording is settled by it (sql.SETTLE_DELIVERY).
-    recorded_at: object = field(default=None, repr=False)
+    # When this caller recorded it (the row's updated_at then, in microseconds since the
+    # epoch): names this recording, so that only it is settled by this caller
+    # (sql.SETTLE_DELIVERY).
+    recorded_at: int | None = field(default=None, repr=False)
 
     @property
     def is_sent(self):

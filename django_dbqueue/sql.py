@@ -811,6 +811,8 @@ SELECT count(*) FROM (
 # (outcome unknown) or sent returns nothing, and the caller must not perform the effect.
 # It returns the record's updated_at, which names this recording (see SETTLE_DELIVERY): every
 # write of a delivery row moves updated_at forward, by at least a microsecond past its last value.
+# As whole microseconds since the epoch: a number comes back the same through any connection,
+# where a timestamp without its zone (USE_TZ = False) would be read in each connection's TimeZone.
 BEGIN_DELIVERY = """
 INSERT INTO dbqueue_delivery (key, state, job_id, attempt, provider_reference, error,
                               created_at, updated_at)
@@ -820,7 +822,7 @@ ON CONFLICT (key) DO UPDATE
         provider_reference = '', error = '',
         updated_at = GREATEST(now(), dbqueue_delivery.updated_at + interval '1 microsecond')
     WHERE dbqueue_delivery.state = 'failed'
-RETURNING id, updated_at
+RETURNING id, (extract(epoch FROM updated_at) * 1000000)::bigint
 """
 
 SELECT_DELIVERY = """
@@ -831,8 +833,8 @@ FROM dbqueue_delivery WHERE key = %(key)s
 # Settle a recorded delivery: sent (with the provider's reference) or failed (with the error).
 # Only a 'recorded' row moves, so a late or repeated confirmation changes nothing. A run that
 # holds the record settles it only while it is still its own recording: same job and attempt,
-# and the updated_at its BEGIN_DELIVERY returned (%(recorded_at)s). Attempt numbers repeat (a
-# requeue starts them again at 1): a stale run of attempt 1, whose record a person failed and the
+# and the updated_at its BEGIN_DELIVERY returned (%(recorded_at)s, in microseconds). Attempt
+# numbers repeat (a requeue starts them again at 1): a stale run of attempt 1, whose record a person failed and the
 # requeued job's attempt 1 recorded again, matches on job and attempt, but not on the recording,
 # whose updated_at only ever moves forward (by at least a microsecond per write, so that two
 # writes within one microsecond cannot share it). A run whose lease expired but whose recording
@@ -844,7 +846,8 @@ SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s,
 WHERE key = %(key)s AND state = 'recorded'
   AND (%(holder)s::boolean IS NOT TRUE
        OR (job_id IS NOT DISTINCT FROM %(job_id)s::bigint AND attempt = %(attempt)s::int
-           AND (%(recorded_at)s::timestamptz IS NULL OR updated_at = %(recorded_at)s::timestamptz)))
+           AND (%(recorded_at)s::bigint IS NULL
+                OR (extract(epoch FROM updated_at) * 1000000)::bigint = %(recorded_at)s::bigint)))
 RETURNING id
 """
 

@@ -809,7 +809,8 @@ SETTLE_RETRIES = 3  # tries of a settle that met a lost connection
 
 def begin_delivery(using, *, key, job_id, attempt):
     """Record (or re-record a failed) delivery. When this caller now holds it: the recording's
-    ``updated_at``, which fences its settle (sql.SETTLE_DELIVERY); otherwise None."""
+    ``updated_at`` in microseconds since the epoch, which fences its settle
+    (sql.SETTLE_DELIVERY); otherwise None."""
     params = {"key": key, "job_id": job_id, "attempt": attempt}
     rows = side_execute(using, sql.BEGIN_DELIVERY, params)
     return rows[0][1] if rows else None

@@ -5,7 +5,7 @@ attempt (docs/concepts.md, "Delivery records")."""
 import threading
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from django_dbqueue import enqueue, store
 from django_dbqueue.connections import close_side_connections
@@ -100,3 +100,20 @@ def test_the_run_that_holds_its_lease_settles_its_record():
     lose_lease_and_requeue(job_id)
     after = begin_delivery(key, ctx=claim("w-new"))
     assert not after.proceed and after.is_sent
+
+
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_a_recording_settles_through_another_connection_than_the_one_that_made_it(settings, use_tz):
+    """Recorded on the thread's Django connection, settled inside a transaction (on the side
+    connection), and the other way round: the recording's stamp reads the same on both."""
+    settings.USE_TZ = use_tz
+    connections.close_all()  # the next connection is set up for USE_TZ
+    job_id = enqueue("noop").id
+    run = claim("w-1")
+    held = begin_delivery("sms:outside")
+    with transaction.atomic():
+        assert held.sent("ref-a") is True
+        inside = begin_delivery("sms:inside", ctx=run)
+    assert inside.sent("ref-b") is True
+    assert delivery("sms:outside")[:2] == ("sent", "ref-a")
+    assert delivery("sms:inside") == ("sent", "ref-b", "", job_id, 1)
