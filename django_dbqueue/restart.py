@@ -23,6 +23,7 @@ Restarts that come in quick succession wait, as the supervisor's do: nothing for
 minute, then 0.5 s doubling up to 30 s.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -76,6 +77,11 @@ def resume(worker, out):
     # The first pass hands back what this worker id holds and no thread of ours runs: every
     # job the old image still held, including those whose release failed as it stopped.
     worker._reconnected = True
+    # Children of the old image that ended with it (process mode's handler processes, its
+    # multiprocessing resource tracker) are ours now: reap them, none of this image runs yet.
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
     out(f"dbqueue worker {worker.worker_id} restarted in place (pid {os.getpid()})")
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
 
