@@ -123,8 +123,9 @@ class Session:
 
     APPLICATION_NAME = "dbqueue worker"  # unless the database's OPTIONS name one
 
-    def __init__(self, using, *, prepare=True, listen=None, on_notify=None):
+    def __init__(self, using, *, prepare=True, listen=None, on_notify=None, track_backend=False):
         self.using = using
+        self.track_backend = track_backend  # note the backend at connect (end_lost_backends)
         self.prepare = prepare
         self.listen = listen
         self.on_notify = on_notify
@@ -133,6 +134,12 @@ class Session:
         self.conn = None
         self.generic = False  # the connection's plan_cache_mode is force_generic_plan
         self.statements = 0  # executed, for tests that pin the hot paths' query counts
+        # With track_backend: (pid, backend_start) of the connection's server backend, when it
+        # is one of its own (not a pooler's, whose server connections serve other clients too),
+        # taken with one statement per connect; and those of connections dropped since, until
+        # end_lost_backends() saw them gone.
+        self.backend = None
+        self.lost_backends = collections.deque(maxlen=8)
 
     def _connect(self):
         kwargs = {"prepare_threshold": 0 if self.prepare else None}
@@ -151,6 +158,8 @@ class Session:
                     psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.listen)),
                     prepare=False,
                 )
+            if self.track_backend:
+                self.backend = self._own_backend(conn)
         except BaseException:
             conn.close()
             raise
@@ -158,6 +167,40 @@ class Session:
         self.generic = False
         if self.listen is not None:
             self.listening.set()
+
+    @staticmethod
+    def _own_backend(conn):
+        """``(pid, backend_start)`` of the server backend behind ``conn``, or None when the pid
+        libpq was given at connection is not the backend's own: a pooler (PgBouncer) made it up,
+        and its server connections serve other clients too, so they are never ended."""
+        row = conn.execute(sql.SESSION_BACKEND, prepare=False).fetchone()
+        if row is None or row[0] != conn.info.backend_pid:
+            return None
+        return row
+
+    def end_lost_backends(self, wait=2.0):
+        """End the backends of connections this session dropped, and wait until they are gone
+        (sql.TERMINATE_LOST_BACKEND); True once none is left. False: one is still there after
+        ``wait`` seconds (try again later). A backend this role may not end is let be, with a
+        warning (the release that follows may then miss a claim it commits later)."""
+        while self.lost_backends:
+            pid, started = self.lost_backends[0]
+            try:
+                rows = self.execute(
+                    sql.TERMINATE_LOST_BACKEND,
+                    {"pid": pid, "started": started, "wait_ms": int(wait * 1000)},
+                )
+            except psycopg.errors.InsufficientPrivilege as exc:
+                logger.warning(
+                    "dbqueue: cannot end this worker's lost database session (pid %s): %s",
+                    pid,
+                    exc,
+                )
+                rows = []
+            if rows and not rows[0][0]:
+                return False
+            self.lost_backends.popleft()
+        return True
 
     def _plan_mode(self, statement):
         """The settings to change before ``statement`` (``_PLAN_MODE``): none when the
@@ -270,6 +313,11 @@ class Session:
         if self.conn is not None:
             with contextlib.suppress(psycopg.Error):
                 self.conn.close()
+        if self.backend is not None:
+            # Closing our end does not end the backend while it runs a statement: it may still
+            # commit it (end_lost_backends).
+            self.lost_backends.append(self.backend)
+            self.backend = None
         self.conn = None
 
     close = reset

@@ -26,7 +26,8 @@ or the provider's own idempotency (``delivery.key``) settles it.
 """
 
 import contextlib
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import psycopg
 from django.db import ProgrammingError
@@ -37,6 +38,8 @@ from .exceptions import DBQueueError, InvalidArgument
 from .outcomes import text_for_record
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]
+
+logger = logging.getLogger("django_dbqueue")
 
 
 class DeliveryFailed(DBQueueError):
@@ -69,6 +72,10 @@ class Delivery:
     updated_at: object = None
     using: str = "default"
     settled: bool = False
+    # When this caller recorded it (the row's updated_at then, in microseconds since the
+    # epoch): names this recording, so that only it is settled by this caller
+    # (sql.SETTLE_DELIVERY).
+    recorded_at: int | None = field(default=None, repr=False)
 
     @property
     def is_sent(self):
@@ -106,19 +113,33 @@ class Delivery:
             holder=True,
             job_id=self.job_id,
             attempt=self.attempt,
+            recorded_at=self.recorded_at,
         )
+        # Matched nothing: the record is no longer this recording's, unless a try whose reply
+        # was lost moved it (None).
         current = None if moved else store.delivery(self.using, self.key)
         if current is not None:
             self.state, self.provider_reference, self.error = current[1], current[2], current[3]
             # A try that committed but lost its reply: the retry matched nothing, yet the row
             # says what this call said, for this job and attempt.
-            moved = (current[1], current[2], current[3], current[4], current[5]) == (
-                state,
-                reference,
-                error,
-                self.job_id,
-                self.attempt,
-            )
+            moved = moved is None and (
+                current[1],
+                current[2],
+                current[3],
+                current[4],
+                current[5],
+            ) == (state, reference, error, self.job_id, self.attempt)
+            if not moved:
+                logger.warning(
+                    "dbqueue delivery %r: not settled %s by job=%s attempt=%s: the record is no "
+                    "longer this run's (a person settled it, or another run recorded it since); "
+                    "it is %s",
+                    self.key,
+                    state,
+                    self.job_id,
+                    self.attempt,
+                    self.state,
+                )
         if moved:
             self.state, self.provider_reference, self.error = state, reference, error
         return moved
@@ -137,15 +158,17 @@ def settle_delivery(key, state, *, reference="", error="", using=None):
         )
     using = database(using)
     try:
-        return store.settle_delivery(
-            using,
-            key=key,
-            state=state,
-            reference=_reference(reference),
-            error=text_for_record(str(error or "")),
-            holder=False,
-            job_id=None,
-            attempt=0,
+        return bool(
+            store.settle_delivery(
+                using,
+                key=key,
+                state=state,
+                reference=_reference(reference),
+                error=text_for_record(str(error or "")),
+                holder=False,
+                job_id=None,
+                attempt=0,
+            )
         )
     except SCHEMA_ERRORS as exc:  # on its own connection: no transaction of the caller's
         schema.raise_if_unmigrated(exc, using, aborted=False)
@@ -185,12 +208,20 @@ def begin_delivery(key, *, ctx=None, using=None):
     using = database(ctx.using if using is None and ctx is not None else using)
     job_id, attempt = getattr(ctx, "id", None), getattr(ctx, "attempt", 0)
     try:
-        begun = store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt)
+        recorded_at = store.begin_delivery(using, key=key, job_id=job_id, attempt=attempt)
     except SCHEMA_ERRORS as exc:  # on its own connection: no transaction of the caller's
         schema.raise_if_unmigrated(exc, using, aborted=False)
         raise
-    if begun:
-        return Delivery(key, True, "recorded", job_id=job_id, attempt=attempt, using=using)
+    if recorded_at is not None:
+        return Delivery(
+            key,
+            True,
+            "recorded",
+            job_id=job_id,
+            attempt=attempt,
+            using=using,
+            recorded_at=recorded_at,
+        )
     row = store.delivery(using, key)
     if row is None:  # pragma: no cover - deleted between the two statements
         return begin_delivery(key, ctx=ctx, using=using)

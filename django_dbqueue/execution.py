@@ -292,6 +292,10 @@ class ThreadPool:
         """``entry``'s cancel was asked for while it runs: tell its handler (any thread)."""
         entry.ctx._cancel()
 
+    def end_runs(self, entries):
+        """Before ``entries`` are handed back after the shutdown grace: a thread cannot be
+        ended, so nothing here (ProcessPool kills their handler processes)."""
+
     def stop(self, timeout):
         for _ in self._threads:
             self._work.put(None)

@@ -188,15 +188,21 @@ class Inflight:
                 entry.released = True
         return entries
 
-    def release_all(self):
+    def release_all(self, runs_are_killed=False):
         """After the shutdown grace: mark every entry still held as released, except the runs
         that must not be handed back while they may still run: an exclusive job a handler still
         runs (a second run could start beside it), and a run past its timeout whose failure
         waits for its end. Those stay ``running`` and are written when they end, or taken back
-        when their lease expires after the process is gone. Returns ``(released, kept)``."""
+        when their lease expires after the process is gone. With ``runs_are_killed`` (process
+        mode: every run's child is killed, and gone, before the release) nothing is kept.
+        Returns ``(released, kept)``."""
         with self._lock:
             held = [e for e in self._entries.values() if e.holds_lease]
-            kept = [e for e in held if e.started is not None and (e.exclusive or e.timed_out)]
+            kept = [
+                e
+                for e in held
+                if not runs_are_killed and e.started is not None and (e.exclusive or e.timed_out)
+            ]
             released = [e for e in held if e not in kept]
             for entry in released:
                 entry.released = True

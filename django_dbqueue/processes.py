@@ -7,6 +7,11 @@ and the slot starts a new one for its next job. Children are started with ``spaw
 ``fork``: forking a process that runs threads can copy a lock held mid-update. A child whose
 worker died (``kill -9``) notices within a second and exits, even in the middle of a hung run.
 
+Stopping: after the shutdown grace the pool kills (SIGKILL) the children still running a job
+and waits until each is gone before the job is handed back (``end_runs``), so a handler that
+ignores SIGTERM can never run on while its job is claimed elsewhere; ``stop`` kills every child
+left, idle ones too (a handler may have left its child ignoring SIGTERM).
+
 Cancelling a running job: the slot's thread sends SIGUSR1 to the child running it, whose
 handler raises the job's ``ctx.cancelled`` flag (and cancels an async handler's task), so a
 handler behaves as it does in thread mode. A child still starting (before its handler for the
@@ -19,6 +24,7 @@ import datetime
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
@@ -127,6 +133,27 @@ class _Child:
         with contextlib.suppress(ProcessLookupError, AttributeError, ValueError):
             self.process.kill()
 
+    def gone(self, timeout):
+        """Wait up to ``timeout`` seconds for the child to be gone; True once it is. Its
+        sentinel becomes readable when the process has exited: from any thread, and without
+        reaping it (the slot's thread does that)."""
+        try:
+            return bool(multiprocessing.connection.wait([self.process.sentinel], timeout))
+        except (AttributeError, ValueError, OSError):
+            return True  # never started, or already joined and closed
+
+    def reap(self, grace=5.0):
+        """The child's pipe ended: wait for it to exit (killing it if it lingers past ``grace``),
+        close its pipe and return its exit code. A child whose pipe closed has not necessarily
+        been reaped yet: reading ``exitcode`` at once gave None for a child that exited with 1."""
+        self.process.join(grace)
+        if self.process.exitcode is None:
+            self.signal_kill()
+            self.process.join(5)
+        with contextlib.suppress(OSError):
+            self.conn.close()
+        return self.process.exitcode
+
     def kill(self):
         """Kill the child and close its pipe: only from the slot's own thread. Closing the pipe
         from another thread too could close its descriptor twice, and the second close would
@@ -146,6 +173,7 @@ class ProcessPool(ThreadPool):
         # spawn, not fork: forking a process that runs threads can copy a lock held mid-update.
         self.context = multiprocessing.get_context("spawn")
         self._children: dict[int, _Child] = {}  # id(entry) -> the child running it
+        self._started: list[_Child] = []  # every child started, for stop() to make sure of
         self._lock = threading.Lock()
         self.replaced = 0
 
@@ -171,8 +199,38 @@ class ProcessPool(ThreadPool):
                 with contextlib.suppress(ProcessLookupError, TypeError):
                     os.kill(child.process.pid, signal.SIGUSR1)
 
+    def end_runs(self, entries, timeout=10.0):
+        """The shutdown grace is over and ``entries`` are about to be handed back: SIGKILL the
+        children running them and wait until they are gone, so that no handler runs on (a child
+        that ignores SIGTERM) while its job is claimed elsewhere. Returns the pids still alive
+        after ``timeout`` (none unless the kernel could not end them)."""
+        with self._lock:
+            children = [c for e in entries if (c := self._children.get(id(e))) is not None]
+        for child in children:
+            logger.warning(
+                "dbqueue: killing the handler process (pid %s): still running after the grace",
+                child.process.pid,
+            )
+            child.signal_kill()
+        deadline = time.monotonic() + timeout
+        return [
+            child.process.pid
+            for child in children
+            if not child.gone(max(0.0, deadline - time.monotonic()))
+        ]
+
     def stop(self, timeout):
         super().stop(timeout)
+        # Every child left, idle ones too: one whose handler set SIGTERM to be ignored would
+        # otherwise keep the interpreter's exit waiting for it forever (multiprocessing
+        # terminates its daemonic children with SIGTERM at exit, then joins them).
+        with self._lock:
+            children = list(self._started)
+        for child in children:
+            child.signal_kill()
+        deadline = time.monotonic() + 5.0
+        for child in children:
+            child.gone(max(0.0, deadline - time.monotonic()))
 
     def _thread_main(self):
         worker = self.worker
@@ -188,11 +246,13 @@ class ProcessPool(ThreadPool):
                 try:
                     if child is None or not child.process.is_alive():
                         child = _Child(self.context, worker.worker_id)
+                        with self._lock:
+                            self._started = [c for c in self._started if not c.gone(0)]
+                            self._started.append(child)
                     worker.started(entry)
                     outcome = self._run_in(child, entry)
                     if outcome is None:  # the child died: killed at the timeout, or crashed
-                        code = child.process.exitcode
-                        child.kill()
+                        code = child.reap()
                         child = None
                         self.replaced += 1
                         if entry.timed_out:

@@ -88,7 +88,8 @@ def shut_down(w):
     deadline = time.monotonic() + w.conf.SHUTDOWN_GRACE
     while (w.inflight.occupied() or _being_killed(w)) and time.monotonic() < deadline:
         quiet_tick(w, min(0.05, max(0.0, deadline - time.monotonic())))
-    remaining, kept = w.inflight.release_all()
+    # Process mode kills every run's child below, before its job goes back: nothing need stay.
+    remaining, kept = w.inflight.release_all(runs_are_killed=w.pool.kills_at_timeout)
     if remaining:
         logger.warning(
             "dbqueue worker %s: %d jobs still running after %gs grace; releasing them",
@@ -96,6 +97,9 @@ def shut_down(w):
             len(remaining),
             w.conf.SHUTDOWN_GRACE,
         )
+        # Process mode: their handler processes are killed first, and gone before the jobs go
+        # back (a child that ignores SIGTERM must not run on while its job runs elsewhere).
+        w.pool.end_runs(remaining)
         release(w, remaining, "still running after the grace period")
     if kept:
         # Handed back now, such a job could start again elsewhere while this process (and the

@@ -752,6 +752,23 @@ WHERE state = 'running' AND worker_id = %(worker)s
 RETURNING id
 """
 
+# The backend of a session, taken when it connects: its pid and start (a pid alone may be reused
+# by a later backend). Read again after a lost connection (TERMINATE_LOST_BACKEND).
+SESSION_BACKEND = """
+SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()
+"""
+
+# After a lost connection, before RELEASE_UNKNOWN_JOBS: end the session's old backend and wait
+# until it is gone. The client side may be gone while the backend still runs the last statement
+# (waiting on a lock, or for its commit): a claim it commits after the release has looked is
+# never released, and its jobs sit out their lease and spend an attempt. Once that backend is
+# gone, its transaction has committed or rolled back, and the release's snapshot sees which.
+# No row: it is gone already. A false: still there after the wait (try again).
+TERMINATE_LOST_BACKEND = """
+SELECT pg_terminate_backend(pid, %(wait_ms)s) FROM pg_stat_activity
+WHERE pid = %(pid)s AND backend_start = %(started)s
+"""
+
 # The sweeper: jobs whose lease ran out (their worker died or hung) go back to pending, after the
 # default backoff with full jitter, or to dead when their attempts are spent. The attempt that
 # expired counts and is recorded as an error. (The exponent is clamped so power() cannot overflow.) Bounded, and SKIP LOCKED so several workers sweeping
@@ -806,15 +823,20 @@ SELECT count(*) FROM (
 # delivery definitely failed is moved back to 'recorded' in the same statement (ON CONFLICT takes
 # the row lock, so of two attempts racing only one sees 'failed'); a key that is recorded
 # (outcome unknown) or sent returns nothing, and the caller must not perform the effect.
+# It returns the record's updated_at, which names this recording (see SETTLE_DELIVERY): every
+# write of a delivery row moves updated_at forward, by at least a microsecond past its last value.
+# As whole microseconds since the epoch: a number comes back the same through any connection,
+# where a timestamp without its zone (USE_TZ = False) would be read in each connection's TimeZone.
 BEGIN_DELIVERY = """
 INSERT INTO dbqueue_delivery (key, state, job_id, attempt, provider_reference, error,
                               created_at, updated_at)
 VALUES (%(key)s, 'recorded', %(job_id)s, %(attempt)s, '', '', now(), now())
 ON CONFLICT (key) DO UPDATE
     SET state = 'recorded', job_id = EXCLUDED.job_id, attempt = EXCLUDED.attempt,
-        provider_reference = '', error = '', updated_at = now()
+        provider_reference = '', error = '',
+        updated_at = GREATEST(now(), dbqueue_delivery.updated_at + interval '1 microsecond')
     WHERE dbqueue_delivery.state = 'failed'
-RETURNING id
+RETURNING id, (extract(epoch FROM updated_at) * 1000000)::bigint
 """
 
 SELECT_DELIVERY = """
@@ -824,21 +846,31 @@ FROM dbqueue_delivery WHERE key = %(key)s
 
 # Settle a recorded delivery: sent (with the provider's reference) or failed (with the error).
 # Only a 'recorded' row moves, so a late or repeated confirmation changes nothing. A run that
-# holds the record settles it only while it is still its own (same job and attempt): if a person
-# failed it meanwhile and a later attempt re-recorded it, the old run's late word is refused.
+# holds the record settles it only while it is still its own recording: same job and attempt,
+# and the updated_at its BEGIN_DELIVERY returned (%(recorded_at)s, in microseconds). Attempt
+# numbers repeat (a requeue starts them again at 1): a stale run of attempt 1, whose record a person failed and the
+# requeued job's attempt 1 recorded again, matches on job and attempt, but not on the recording,
+# whose updated_at only ever moves forward (by at least a microsecond per write, so that two
+# writes within one microsecond cannot share it). A run whose lease expired but whose recording
+# nobody replaced still settles it: it holds the record, and only it knows the outcome.
 SETTLE_DELIVERY = """
 UPDATE dbqueue_delivery
-SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s, updated_at = now()
+SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s,
+    updated_at = GREATEST(now(), updated_at + interval '1 microsecond')
 WHERE key = %(key)s AND state = 'recorded'
   AND (%(holder)s::boolean IS NOT TRUE
-       OR (job_id IS NOT DISTINCT FROM %(job_id)s::bigint AND attempt = %(attempt)s::int))
+       OR (job_id IS NOT DISTINCT FROM %(job_id)s::bigint AND attempt = %(attempt)s::int
+           AND (%(recorded_at)s::bigint IS NULL
+                OR (extract(epoch FROM updated_at) * 1000000)::bigint = %(recorded_at)s::bigint)))
 RETURNING id
 """
 
 # A person settles unconfirmed deliveries from the admin: only 'recorded' rows move, so a record
 # that its job settled meanwhile keeps the job's word.
 SETTLE_DELIVERIES_BY_ID = """
-UPDATE dbqueue_delivery SET state = %(state)s, error = %(error)s, updated_at = now()
+UPDATE dbqueue_delivery
+SET state = %(state)s, error = %(error)s,
+    updated_at = GREATEST(now(), updated_at + interval '1 microsecond')
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'recorded'
 RETURNING id
 """

@@ -827,9 +827,12 @@ SETTLE_RETRIES = 3  # tries of a settle that met a lost connection
 
 
 def begin_delivery(using, *, key, job_id, attempt):
-    """Record (or re-record a failed) delivery; True when this caller now holds it."""
+    """Record (or re-record a failed) delivery. When this caller now holds it: the recording's
+    ``updated_at`` in microseconds since the epoch, which fences its settle
+    (sql.SETTLE_DELIVERY); otherwise None."""
     params = {"key": key, "job_id": job_id, "attempt": attempt}
-    return bool(side_execute(using, sql.BEGIN_DELIVERY, params))
+    rows = side_execute(using, sql.BEGIN_DELIVERY, params)
+    return rows[0][1] if rows else None
 
 
 def delivery(using, key):
@@ -839,13 +842,16 @@ def delivery(using, key):
     return rows[0] if rows else None
 
 
-def settle_delivery(using, *, key, state, reference, error, holder, job_id, attempt):
-    """Move a ``recorded`` delivery to ``state``; True if it moved.
+def settle_delivery(
+    using, *, key, state, reference, error, holder, job_id, attempt, recorded_at=None
+):
+    """Move a ``recorded`` delivery to ``state``; True if it moved, False if it did not, None
+    when a retry matched nothing after a try whose reply was lost (it may have moved it).
 
     The effect has already happened when this runs, so a lost connection must not leave the
     record ``recorded`` (an unknown outcome that needs a person): reconnect and try again. That
     is safe because the statement is fenced (only a ``recorded`` row, and for a ``holder`` only
-    its own job and attempt, moves); a first try that committed but lost its reply makes the
+    its own recording: job, attempt and ``recorded_at``, moves); a first try that committed but lost its reply makes the
     retry match nothing, which the caller tells apart by reading the row back.
     """
     params = {
@@ -856,10 +862,13 @@ def settle_delivery(using, *, key, state, reference, error, holder, job_id, atte
         "holder": holder,
         "job_id": job_id,
         "attempt": attempt,
+        "recorded_at": recorded_at,
     }
     for tries in range(1, SETTLE_RETRIES + 1):
         try:
-            return bool(side_execute(using, sql.SETTLE_DELIVERY, params))
+            if side_execute(using, sql.SETTLE_DELIVERY, params):
+                return True
+            return False if tries == 1 else None
         except DB_ERRORS:
             if tries == SETTLE_RETRIES:
                 raise

@@ -140,6 +140,7 @@ class Worker:
             prepare=conf.PREPARE,
             listen=conf.NOTIFY_CHANNEL if listen_here else None,
             on_notify=self._wakeup.set,
+            track_backend=True,  # a claim its lost connection left running is ended (_recover)
         )
         self.acks = Acknowledger(
             worker_id=self.worker_id,
@@ -757,7 +758,18 @@ class Worker:
 
     def _recover(self):
         """After a lost connection: hand back jobs this worker holds but never heard of (a claim
-        that committed while its reply was lost)."""
+        that committed while its reply was lost). First the lost connection's backend is ended
+        and seen gone, so that a claim it was still running has committed or rolled back: one
+        that commits after the release looked would hold its jobs until their lease runs out.
+        Returns the ids released, or None when that backend is not gone yet (tried again on the
+        next pass)."""
+        if not self.session.end_lost_backends():
+            logger.warning(
+                "dbqueue worker %s: its lost database session has not ended yet; releasing the "
+                "jobs it may have claimed later",
+                self.worker_id,
+            )
+            return None
         known = self.inflight.tokens() | {token for _, token in self.acks.pending_keys()}
         released = store.release_unknown(self.session, worker=self.worker_id, known=known)
         self._reconnected = False

@@ -2,6 +2,7 @@
 real ``run_jobqueue`` processes, in both execution modes."""
 
 import json
+import signal
 
 import pytest
 
@@ -72,9 +73,10 @@ def test_jobs_waiting_behind_a_hung_one_are_not_held_hostage(start_worker, mode)
 
 def test_past_the_hung_thread_limit_the_worker_exits_non_zero(start_worker, settings):
     """With HUNG_THREAD_LIMIT at the concurrency (1), the second hung run makes the worker give
-    up: it hands back what it has not started and exits 3 for its supervisor to restart it."""
+    up: it hands back what it has not started and, with ``--on-give-up exit``, exits 3 for an
+    external supervisor to restart it (by default it restarts itself in place: below)."""
     hanging = enqueue_jobs("hang", 2)
-    worker = start_worker("--concurrency", "1", settings=FAST)
+    worker = start_worker("--concurrency", "1", "--on-give-up", "exit", settings=FAST)
     assert worker.wait_exit(60) == 3, worker.output()
     assert "giving up" in worker.stderr() and "HUNG_THREAD_LIMIT" in worker.stderr()
     # Nothing stays running under the dead worker: given up runs were recorded as failed.
@@ -83,7 +85,9 @@ def test_past_the_hung_thread_limit_the_worker_exits_non_zero(start_worker, sett
 
 def test_a_listener_thread_that_dies_stops_the_worker_non_zero(start_worker):
     (job_id,) = enqueue_jobs("record", 1)
-    worker = start_worker(settings="tests.acceptance.settings_broken_listener")
+    worker = start_worker(
+        "--on-give-up", "exit", settings="tests.acceptance.settings_broken_listener"
+    )
     assert worker.wait_exit(30) == 3, worker.output()
     assert "the listener thread crashed" in worker.stderr()
     assert states([job_id])["running"] == 0  # nothing left behind under a lease
@@ -109,3 +113,57 @@ def test_a_handler_connection_killed_between_jobs_does_not_fail_the_next_job(sta
     )
     assert all(a == 1 and not errors for a, errors in attempts), attempts
     worker.assert_alive()
+
+
+def test_alone_at_the_defaults_a_worker_past_the_hung_thread_limit_restarts_in_place(
+    start_worker,
+):
+    """No supervisor, the default concurrency (10) and HUNG_THREAD_LIMIT, a type with a timeout
+    whose runs hang forever: 30 such jobs, 2 attempts each, pass the limit several times. The
+    worker used to exit 3 there, leaving the rest pending; now it restarts in place, under the
+    same pid, and drains every ordinary job. ``kill -9`` of that pid still stops it at once."""
+    hanging = enqueue_jobs("hang", 30)
+    ordinary = enqueue_jobs("record", 300)
+    worker = start_worker(settings=FAST)
+    worker.wait_for_output("giving up", timeout=60)
+    ordinary += enqueue_jobs("record", 300)  # past the point where it used to exit 3
+    try:
+        wait_until(
+            lambda: worker.stdout().count("restarting in place") >= 2 or not worker.alive(),
+            timeout=120,
+            message="two restarts in place",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{worker.output()}") from None
+    worker.assert_alive()
+    wait_all_in_state(ordinary, "done", timeout=120)
+    wait_all_in_state(hanging, "dead", timeout=60)
+    worker.assert_alive()
+    ran = [job_id for job_id, *_ in effects(ordinary)]
+    assert sorted(ran) == sorted(ordinary), "every ordinary job ran exactly once"
+    assert f"restarted in place (pid {worker.pid})" in worker.stdout(), worker.output()
+    assert "exited" not in worker.stdout()
+    # The old images' sessions went with them: one session of the worker's own is left.
+    sessions = rows(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name LIKE 'dbqueue worker%%'"
+    )
+    assert sessions == [(1,)], sessions
+
+    worker.send(signal.SIGKILL)
+    assert worker.wait_exit(10) == -signal.SIGKILL
+    assert not worker.group_members()
+
+
+def test_a_worker_restarted_in_place_stops_gracefully_on_sigterm(start_worker):
+    """SIGTERM and SIGINT are blocked across the exec and let through once the new image has
+    its handlers: a SIGTERM after the restart is a graceful stop, exit 0."""
+    hanging = enqueue_jobs("hang", 2)
+    worker = start_worker("--concurrency", "1", settings=FAST)
+    worker.wait_for_output("restarted in place", stream="stdout", timeout=60)
+    (job_id,) = enqueue_jobs("record", 1)
+    wait_all_in_state([job_id], "done", timeout=30)  # the new image runs jobs
+    worker.send(signal.SIGTERM)
+    assert worker.wait_exit(30) == 0, worker.output()
+    assert "SIGTERM received" in worker.stderr()
+    assert states(hanging)["running"] == 0

@@ -56,6 +56,14 @@ class Command(BaseCommand):
             help="Exit after claiming this many jobs.",
         )
         parser.add_argument(
+            "--on-give-up",
+            choices=["restart", "exit"],
+            default="restart",
+            help="When the worker gives up (handler threads stuck past HUNG_THREAD_LIMIT, a "
+            "helper thread died): restart in place, same pid (default), or exit with code 3 for "
+            "an external supervisor to restart. Under --processes the supervisor restarts it.",
+        )
+        parser.add_argument(
             "--metrics-port",
             type=port_number,
             help="Serve Prometheus metrics on this port (needs django-dbqueue[prometheus]).",
@@ -134,14 +142,20 @@ class Command(BaseCommand):
 
             code = Supervisor(options["processes"], worker_kwargs, out=out).run()
         else:
-            from django_dbqueue.worker import Worker
+            from django_dbqueue import restart
+            from django_dbqueue.worker import EXIT_GAVE_UP, Worker
 
-            worker = Worker(**worker_kwargs, out=out)
+            worker = Worker(**worker_kwargs, worker_id=restart.worker_id(), out=out)
             worker.install_signal_handlers()
+            restart.resume(worker, out)
             code = worker.run()
             self.stdout.write(
                 f"dbqueue stopped: {worker.acks.succeeded} succeeded, {worker.acks.failed} retried, "
                 f"{worker.acks.dead} dead"
             )
+            finite = options["burst"] or options["max_jobs"]
+            if code == EXIT_GAVE_UP and options["on_give_up"] == "restart" and not finite:
+                restart.in_place(worker, out)  # returns only if a stop was asked for meanwhile
+                code = 0
         if code:
             raise SystemExit(code)
