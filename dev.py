@@ -6,7 +6,7 @@ else (Django, psycopg, pytest, ruff, mkdocs, pgserver) lives in virtualenvs that
 script creates under ``.venvs/``.
 
     python3 dev.py test [--fast] [--django 5.2|6.1] [--recreate] [pytest args...]
-    python3 dev.py demo [--drop] [shop_demo args]   # the example shop, in a database of its own
+    python3 dev.py demo [--drop] [--serve] [shop_demo args]   # the example shop, in its own database
     python3 dev.py bench [bench args]   # benchmarks/bench.py
 
 What ``test`` does:
@@ -36,7 +36,9 @@ What ``demo`` does: builds ``.venvs/demo`` with only what the example project ru
 Django 5.2, psycopg, django-environ: ``pip install -e .[example]``), finds a server as above,
 creates the database ``dbqueue_demo`` on it (marked with a comment, so that dev.py never touches
 a database it did not create), migrates it and runs ``shop_demo``. The database is kept for a
-look with the admin; ``--drop`` drops it when the demo is done.
+look with the admin: dev.py makes a superuser ``admin`` with a new random password, prints it and
+prints the command that serves the project with the demo venv's Python; ``--serve`` serves it
+right away until Ctrl-C; ``--drop`` drops the database when the demo is done.
 
 Environment knobs: ``DATABASE_URL``, ``DBQUEUE_EMBEDDED=1``, ``DBQUEUE_NO_UV=1`` (install
 with plain pip instead of uv).
@@ -865,8 +867,53 @@ def demo_database(venv: Path, server_url: str, action: str, name: str = DEMO_DAT
     return proc.stdout.strip()
 
 
+DEMO_MANAGE = "example_project/manage.py"
+DEMO_ADMIN = "admin"
+# Runs in ``manage.py shell -c``: makes DEMO_ADMIN a superuser with the password in the
+# environment (never on a command line, where ps would show it), creating it if need be.
+_DEMO_ADMIN_SCRIPT = """
+import os
+from django.contrib.auth import get_user_model
+user, _ = get_user_model().objects.get_or_create(username=os.environ["DBQUEUE_DEMO_ADMIN"])
+user.is_staff = user.is_superuser = user.is_active = True
+user.set_password(os.environ["DBQUEUE_DEMO_PASSWORD"])
+user.save()
+"""
+
+
+def demo_admin(venv: Path, demo_url: str) -> str | None:
+    """Give the demo database a superuser ``admin`` with a new random password; return it.
+
+    A new password on every run: it is printed once, and one left over from an earlier run
+    stops working. None (and dev.py says why) when the user could not be written.
+    """
+    import secrets
+
+    password = secrets.token_urlsafe(12)
+    env = tool_env(venv, demo_url)
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # manage.py names the example project's settings
+    env.update(DBQUEUE_DEMO_ADMIN=DEMO_ADMIN, DBQUEUE_DEMO_PASSWORD=password)
+    cmd = [str(venv_bin(venv, "python")), DEMO_MANAGE, "shell", "-c", _DEMO_ADMIN_SCRIPT]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        say(f"could not create the admin user: {lines[-1] if lines else proc.returncode}")
+        return None
+    return password
+
+
+def browse_command(venv: Path, demo_url: str) -> str:
+    """The shell command that serves the demo project on its database: the demo venv's own
+    Python (Django is only there), absolute paths, so that it works as printed from anywhere."""
+    import shlex
+
+    python = shlex.quote(str(venv_bin(venv, "python")))
+    manage = shlex.quote(str(REPO / DEMO_MANAGE))
+    return f"DATABASE_URL={shlex.quote(redact(demo_url))} {python} {manage} runserver"
+
+
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
-    manage = "example_project/manage.py"
+    manage = DEMO_MANAGE
     if not (REPO / manage).exists():
         say(f"{manage} does not exist yet")
         return 1
@@ -880,19 +927,33 @@ def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
         rc = run_script(
             venv, [[manage, "migrate", "--noinput"], [manage, "shop_demo", *extra]], demo_url
         )
+        keep = not args.drop or args.serve
+        password = demo_admin(venv, demo_url) if keep and rc == 0 else None
+        if password:
+            say(
+                f"admin: http://127.0.0.1:8000/admin/ as {DEMO_ADMIN!r} with the password "
+                f"{password} (a new one on every demo run)"
+            )
+        if args.serve and rc == 0:
+            say("serving the demo project on http://127.0.0.1:8000/ until Ctrl-C")
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the server, not dev.py
+                run_script(venv, [[manage, "runserver", "--noreload"]], demo_url)
         if args.drop:
             demo_database(venv, db.url, "drop")
             say(f"dropped the demo database {DEMO_DATABASE}")
         elif db.server is not None:
             say(
                 f"kept the demo database {DEMO_DATABASE} in the embedded server's "
-                f"{PGDATA.relative_to(REPO)}/; `python3 dev.py demo --drop` drops it when done"
+                f"{PGDATA.relative_to(REPO)}/, which stops with dev.py: browse it with "
+                "`python3 dev.py demo --serve`; `python3 dev.py demo --drop` drops it"
             )
         else:
+            hidden = "***" in redact(demo_url)  # never print the server's password
             say(
-                f"kept the demo database {DEMO_DATABASE}: browse it with "
-                f"DATABASE_URL={redact(demo_url)} python example_project/manage.py runserver; "
-                f"drop it with `dropdb {DEMO_DATABASE}` or run `python3 dev.py demo --drop`"
+                f"kept the demo database {DEMO_DATABASE}: browse it with\n\n"
+                f"    {browse_command(venv, demo_url)}\n\n"
+                + ("(your server's password where *** is), " if hidden else "")
+                + "or with `python3 dev.py demo --serve`; `python3 dev.py demo --drop` drops it"
             )
         return rc
     finally:
@@ -945,6 +1006,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--drop",
         action="store_true",
         help=f"drop the database {DEMO_DATABASE} when the demo is done (kept by default)",
+    )
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="after the demo, serve the example project (runserver, in the demo's venv) on "
+        "127.0.0.1:8000 until Ctrl-C; with the embedded server, the only way to browse it",
     )
     bench = sub.add_parser("bench", allow_abbrev=False, help="run benchmarks/bench.py")
     for p in (test, demo, bench):
