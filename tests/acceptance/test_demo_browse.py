@@ -25,10 +25,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import psycopg
 import pytest
-from django.conf import settings
-from psycopg import sql
 
 import dev
 
@@ -37,28 +34,18 @@ pytestmark = [pytest.mark.acceptance]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def server_params():
-    conf = settings.DATABASES["default"]
-    params = {"host": conf.get("HOST"), "port": conf.get("PORT"), "user": conf.get("USER")}
-    params["password"] = conf.get("PASSWORD")
-    return {k: str(v) for k, v in params.items() if v}
+SERVER_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+VENV = Path(sys.prefix)  # the test's own venv stands in for .venvs/demo
+NAME = f"{os.environ.get('DBQUEUE_TEST_DATABASE', 'test_dbqueue')}_browse"
 
 
 @pytest.fixture
 def demo_url():
-    conf = settings.DATABASES["default"]
-    name = f"{conf.get('TEST', {}).get('NAME') or 'test_' + conf['NAME']}_demo"
-    ident = sql.Identifier(name)
-    params = server_params()
-    with psycopg.connect(dbname="postgres", autocommit=True, **params) as conn:
-        conn.execute(sql.SQL("drop database if exists {} with (force)").format(ident))
-        conn.execute(sql.SQL("create database {}").format(ident))
-    password = f":{urllib.parse.quote(params['password'], safe='')}" if "password" in params else ""
-    user = urllib.parse.quote(params.get("user", "postgres"), safe="")
-    host = params.get("host", "127.0.0.1")
-    yield f"postgres://{user}{password}@{host}:{params.get('port', 5432)}/{name}"
-    with psycopg.connect(dbname="postgres", autocommit=True, **params) as conn:
-        conn.execute(sql.SQL("drop database if exists {} with (force)").format(ident))
+    """A database made (and dropped) as dev.py demo makes its own, under a per-checkout name."""
+    dev.demo_database(VENV, SERVER_URL, "drop", NAME)
+    assert dev.demo_database(VENV, SERVER_URL, "create", NAME) == "created"
+    yield dev.with_database(SERVER_URL, NAME)
+    dev.demo_database(VENV, SERVER_URL, "drop", NAME)
 
 
 def free_port():
@@ -68,7 +55,7 @@ def free_port():
 
 
 def test_the_printed_command_serves_the_admin_and_the_printed_password_logs_in(demo_url, tmp_path):
-    venv = Path(sys.prefix)
+    venv = VENV
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     migrate = subprocess.run(
         [sys.executable, dev.DEMO_MANAGE, "migrate", "--noinput"],
@@ -87,8 +74,9 @@ def test_the_printed_command_serves_the_admin_and_the_printed_password_logs_in(d
 
     printed = dev.browse_command(venv, demo_url)
     assert printed.endswith(" runserver") and str(venv) in printed, printed
-    if "password" in server_params():  # the hint prints *** and says to put the password there
-        printed = printed.replace("***", urllib.parse.quote(server_params()["password"], safe=""))
+    password_in_url = urllib.parse.urlsplit(demo_url).password
+    if password_in_url:  # the hint prints *** and says to put the password there
+        printed = printed.replace("***", password_in_url)
     port = free_port()
     bare = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/"), "LANG": "C.UTF-8"}
     log_path = tmp_path / "runserver.log"
