@@ -720,6 +720,22 @@ PACKAGE = "django_dbqueue"
 QUICKSTART_TEST = "tests/acceptance/test_quickstart.py"
 
 
+def package_files() -> set[str]:
+    """The package's files, as paths from the repository root: those git tracks (so that a stray
+    file in a developer's checkout is not expected in the wheel), else every file on disk."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", PACKAGE], cwd=REPO, capture_output=True, check=False
+    )
+    if tracked.returncode == 0 and tracked.stdout:
+        names = {name.decode() for name in tracked.stdout.split(b"\0") if name}
+        return {name for name in names if (REPO / name).is_file()}  # not a deleted one
+    return {
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / PACKAGE).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
 def wheel_problems(wheel: Path) -> list[str]:
     """What is wrong with the wheel's file list: a file of the package missing from it (a
     migration, a template, a static file, py.typed: whatever the source tree holds), or a file
@@ -728,11 +744,7 @@ def wheel_problems(wheel: Path) -> list[str]:
 
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-    source = {
-        path.relative_to(REPO).as_posix()
-        for path in (REPO / PACKAGE).rglob("*")
-        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
-    }
+    source = package_files()
     problems = [f"missing from the wheel: {name}" for name in sorted(source - names)]
     dist_info = wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info/"
     problems += [

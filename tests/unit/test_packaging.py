@@ -140,11 +140,9 @@ def test_the_wheel_check_names_a_missing_file_and_a_stray_one(tmp_path):
 
     import dev
 
-    source = sorted(
-        p.relative_to(REPO).as_posix()
-        for p in (REPO / "django_dbqueue").rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
-    )
+    source = sorted(dev.package_files())
+    assert "django_dbqueue/migrations/0001_initial.py" in source
+    assert "django_dbqueue/py.typed" in source
     wheel = tmp_path / "django_dbqueue-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         for name in source:
