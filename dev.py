@@ -6,7 +6,7 @@ else (Django, psycopg, pytest, ruff, mkdocs, pgserver) lives in virtualenvs that
 script creates under ``.venvs/``.
 
     python3 dev.py test [--fast] [--django 5.2|6.1] [--recreate] [pytest args...]
-    python3 dev.py demo [--drop] [shop_demo args]   # the example shop, in a database of its own
+    python3 dev.py demo [--drop] [--serve] [shop_demo args]   # the example shop, in its own database
     python3 dev.py bench [bench args]   # benchmarks/bench.py
 
 What ``test`` does:
@@ -14,7 +14,7 @@ What ``test`` does:
 1. Builds (or reuses) one virtualenv per supported Django series:
    ``.venvs/django52`` (Django 5.2 on Python 3.11, or the running Python) and
    ``.venvs/django61`` (Django 6.1 on Python >= 3.12, skipped when no such Python exists).
-   Each gets ``pip install -e .[test,lint,docs]`` plus the pinned Django series. A venv is
+   Each gets ``pip install -e .[test,lint,docs,dist]`` plus the pinned Django series. A venv is
    reinstalled only when pyproject.toml (or this recipe) changes: see ``.dbqueue-stamp``.
 2. Finds a PostgreSQL server:
    ``$DATABASE_URL`` if set; else a local server on 127.0.0.1:5432 or the Unix sockets in
@@ -23,7 +23,12 @@ What ``test`` does:
    ``.dbqueue-pgdata/``. ``DBQUEUE_EMBEDDED=1`` forces the embedded server.
    Every candidate URL is parsed with django-environ and connected to before it is used.
 3. Runs ruff check, ruff format --check, makemigrations --check and (when mkdocs.yml
-   exists) mkdocs build --strict in the Django 5.2 venv, then pytest in every venv.
+   exists) mkdocs build --strict in the Django 5.2 venv; builds the sdist and the wheel
+   (``python -m build``), checks them (``twine check --strict``) and checks that the wheel holds
+   every file of the package and nothing else; then pytest in every venv. Last, for each
+   series, it installs the wheel into a fresh venv (``.venvs/wheel-django52``, ...) and runs
+   tests/acceptance/test_quickstart.py with that venv's Python running the quickstart project.
+   ``--fast`` skips all but pytest.
    Every step runs even if an earlier one failed; a summary table is printed at the end and
    the exit status is non-zero if any step failed.
 
@@ -31,7 +36,9 @@ What ``demo`` does: builds ``.venvs/demo`` with only what the example project ru
 Django 5.2, psycopg, django-environ: ``pip install -e .[example]``), finds a server as above,
 creates the database ``dbqueue_demo`` on it (marked with a comment, so that dev.py never touches
 a database it did not create), migrates it and runs ``shop_demo``. The database is kept for a
-look with the admin; ``--drop`` drops it when the demo is done.
+look with the admin: dev.py makes a superuser ``admin`` with a new random password, prints it and
+prints the command that serves the project with the demo venv's Python; ``--serve`` serves it
+right away until Ctrl-C; ``--drop`` drops the database when the demo is done.
 
 Environment knobs: ``DATABASE_URL``, ``DBQUEUE_EMBEDDED=1``, ``DBQUEUE_NO_UV=1`` (install
 with plain pip instead of uv).
@@ -60,7 +67,7 @@ REPO = Path(__file__).resolve().parent
 VENVS = REPO / ".venvs"
 PGDATA = REPO / ".dbqueue-pgdata"
 STAMP_NAME = ".dbqueue-stamp"
-EXTRAS = "test,lint,docs"
+EXTRAS = "test,lint,docs,dist"
 DEMO_EXTRAS = "example"
 DEMO_DATABASE = "dbqueue_demo"
 # COMMENT ON DATABASE of the demo's database: dev.py drops or reuses only a database with it.
@@ -661,6 +668,9 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
                 run_step(docs, [str(venv_bin(primary, "mkdocs")), "build", "--strict"], env)
 
         with tempfile.TemporaryDirectory(prefix="dbqueue-junit-") as tmp:
+            wheel = None
+            if not args.fast:
+                wheel = build_and_check_package(steps, primary, Path(tmp) / "dist")
             for key, venv in venvs.items():
                 step = Step(f"pytest (Django {key})")
                 steps.append(step)
@@ -668,27 +678,156 @@ def cmd_test(args: argparse.Namespace, pytest_args: list[str]) -> int:
                     step.note = "no suitable Python found"
                     continue
                 report = Path(tmp) / f"pytest-{venv.name}.xml"
-                cmd = [
-                    str(venv_bin(venv, "python")),
-                    "-m",
-                    "pytest",
-                    f"--junitxml={report}",
-                    *pytest_args,
-                ]
-                rc = run_step(step, cmd, tool_env(venv, db.url))
-                found = junit_counts(report)
-                if found:
-                    for i, n in enumerate(found):
-                        counts[i] += n
-                    counted = f"{found[0]} passed, {found[1]} failed, {found[2]} skipped"
-                    step.note = f"{step.note}; {counted}" if step.note else counted
-                elif rc:
-                    counts[1] += 1  # pytest died before writing a report: count it as a failure
+                run_pytest(step, venv, report, pytest_args, tool_env(venv, db.url), counts)
+            if not args.fast:
+                for series in selected_series(args.django):
+                    step = Step(f"quickstart from the wheel (Django {series.key})")
+                    steps.append(step)
+                    venv = venvs.get(series.key)
+                    if venv is None or wheel is None:
+                        step.note = "no suitable Python found" if venv is None else "no wheel"
+                        continue
+                    report = Path(tmp) / f"quickstart-wheel-{venv.name}.xml"
+                    quickstart_from_wheel(step, series, venv, wheel, report, db.url, counts)
     finally:
         db.close()
 
     print_summary(steps, counts)
     return 1 if any(s.status == "FAIL" for s in steps) else 0
+
+
+def run_pytest(
+    step: Step, venv: Path, report: Path, args: list[str], env: dict[str, str], counts: list[int]
+) -> None:
+    """Run pytest in ``venv``; add its passed/failed/skipped to ``counts`` and to the step."""
+    cmd = [str(venv_bin(venv, "python")), "-m", "pytest", f"--junitxml={report}", *args]
+    rc = run_step(step, cmd, env)
+    found = junit_counts(report)
+    if found:
+        for i, n in enumerate(found):
+            counts[i] += n
+        counted = f"{found[0]} passed, {found[1]} failed, {found[2]} skipped"
+        step.note = f"{step.note}; {counted}" if step.note else counted
+    elif rc:
+        counts[1] += 1  # pytest died before writing a report: count it as a failure
+
+
+# --------------------------------------------------------------------------------------
+# The release: sdist and wheel, checked, and the quickstart run against the installed wheel
+# --------------------------------------------------------------------------------------
+
+PACKAGE = "django_dbqueue"
+QUICKSTART_TEST = "tests/acceptance/test_quickstart.py"
+
+
+def package_files() -> set[str]:
+    """The package's files, as paths from the repository root: those git tracks (so that a stray
+    file in a developer's checkout is not expected in the wheel), else every file on disk."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", PACKAGE], cwd=REPO, capture_output=True, check=False
+    )
+    if tracked.returncode == 0 and tracked.stdout:
+        names = {name.decode() for name in tracked.stdout.split(b"\0") if name}
+        return {name for name in names if (REPO / name).is_file()}  # not a deleted one
+    return {
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / PACKAGE).rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
+def wheel_problems(wheel: Path) -> list[str]:
+    """What is wrong with the wheel's file list: a file of the package missing from it (a
+    migration, a template, a static file, py.typed: whatever the source tree holds), or a file
+    that is not the package's (tests/, the example project, dev tooling)."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    source = package_files()
+    problems = [f"missing from the wheel: {name}" for name in sorted(source - names)]
+    dist_info = wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info/"
+    problems += [
+        f"not part of the package: {name}"
+        for name in sorted(names)
+        if not name.startswith((f"{PACKAGE}/", dist_info))
+    ]
+    for what, prefix in (
+        ("the migrations", f"{PACKAGE}/migrations/0001_initial.py"),
+        ("the admin templates", f"{PACKAGE}/templates/"),
+        ("the py.typed marker", f"{PACKAGE}/py.typed"),
+    ):
+        if not any(name.startswith(prefix) for name in names):
+            problems.append(f"the wheel has none of {what} ({prefix})")
+    return problems
+
+
+def build_and_check_package(steps: list[Step], venv: Path, outdir: Path) -> Path | None:
+    """``python -m build`` (the sdist, then the wheel built from the sdist), ``twine check``
+    and the wheel's file list. Returns the wheel, or None when it could not be built."""
+    env = tool_env(venv, None)
+    py = str(venv_bin(venv, "python"))
+    build = Step("python -m build")
+    steps.append(build)
+    cmd = [py, "-m", "build", "--outdir", str(outdir)]
+    uv = None if os.environ.get("DBQUEUE_NO_UV") else find_uv()
+    if uv is not None:  # build's isolated environment, installed by uv: seconds instead of ~20
+        cmd += ["--installer", "uv"]
+        env["PATH"] = str(uv.parent) + os.pathsep + env["PATH"]
+    run_step(build, [*cmd, "."], env)
+    dists = sorted(outdir.glob("*.tar.gz")) + sorted(outdir.glob("*.whl"))
+    twine = Step("twine check --strict")
+    steps.append(twine)
+    if not dists:
+        build.status, twine.note = "FAIL", "nothing built"
+        return None
+    run_step(twine, [py, "-m", "twine", "check", "--strict", *map(str, dists)], env)
+    contents = Step("the wheel's files")
+    steps.append(contents)
+    wheels = [d for d in dists if d.suffix == ".whl"]
+    if len(wheels) != 1:
+        contents.status, contents.note = "FAIL", f"{len(wheels)} wheels built"
+        return None
+    print(f"\n==> {contents.name}: {wheels[0].name}", flush=True)
+    problems = wheel_problems(wheels[0])
+    for problem in problems:
+        print(f"  {problem}", flush=True)
+    contents.status = "FAIL" if problems else "PASS"
+    contents.note = f"{len(problems)} problem(s)" if problems else wheels[0].name
+    return wheels[0]
+
+
+def quickstart_from_wheel(
+    step: Step,
+    series: Series,
+    test_venv: Path,
+    wheel: Path,
+    report: Path,
+    database_url: str,
+    counts: list[int],
+) -> None:
+    """Install the built wheel (and only it, with its dependencies from PyPI) into a fresh venv,
+    then run the quickstart test with that venv's Python running the quickstart's project."""
+    found = find_python(series)
+    if found is None:
+        step.note = "no suitable Python found"
+        return
+    venv = VENVS / f"wheel-{series.venv_name}"
+    print(f"\n==> {step.name}: a fresh {venv.relative_to(REPO)} with {wheel.name}", flush=True)
+    started = time.monotonic()
+    made = subprocess.run([found[0], "-m", "venv", "--clear", str(venv)], check=False)
+    reqs = [str(wheel), series.requirement]
+    if needs_psycopg_binary():
+        reqs.append("psycopg[binary]")
+    if made.returncode or not pip_install(venv, reqs):
+        step.status, step.seconds = "FAIL", time.monotonic() - started
+        step.note = "could not install the wheel into a fresh venv"
+        counts[1] += 1
+        return
+    env = tool_env(test_venv, database_url)
+    env["DBQUEUE_QUICKSTART_PYTHON"] = str(venv_bin(venv, "python"))
+    run_pytest(step, test_venv, report, [QUICKSTART_TEST, "-p", "no:cacheprovider"], env, counts)
+    step.seconds = time.monotonic() - started
 
 
 def prepared_venv(series: Series, recreate: bool) -> Path:
@@ -740,8 +879,53 @@ def demo_database(venv: Path, server_url: str, action: str, name: str = DEMO_DAT
     return proc.stdout.strip()
 
 
+DEMO_MANAGE = "example_project/manage.py"
+DEMO_ADMIN = "admin"
+# Runs in ``manage.py shell -c``: makes DEMO_ADMIN a superuser with the password in the
+# environment (never on a command line, where ps would show it), creating it if need be.
+_DEMO_ADMIN_SCRIPT = """
+import os
+from django.contrib.auth import get_user_model
+user, _ = get_user_model().objects.get_or_create(username=os.environ["DBQUEUE_DEMO_ADMIN"])
+user.is_staff = user.is_superuser = user.is_active = True
+user.set_password(os.environ["DBQUEUE_DEMO_PASSWORD"])
+user.save()
+"""
+
+
+def demo_admin(venv: Path, demo_url: str) -> str | None:
+    """Give the demo database a superuser ``admin`` with a new random password; return it.
+
+    A new password on every run: it is printed once, and one left over from an earlier run
+    stops working. None (and dev.py says why) when the user could not be written.
+    """
+    import secrets
+
+    password = secrets.token_urlsafe(12)
+    env = tool_env(venv, demo_url)
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # manage.py names the example project's settings
+    env.update(DBQUEUE_DEMO_ADMIN=DEMO_ADMIN, DBQUEUE_DEMO_PASSWORD=password)
+    cmd = [str(venv_bin(venv, "python")), DEMO_MANAGE, "shell", "-c", _DEMO_ADMIN_SCRIPT]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        say(f"could not create the admin user: {lines[-1] if lines else proc.returncode}")
+        return None
+    return password
+
+
+def browse_command(venv: Path, demo_url: str) -> str:
+    """The shell command that serves the demo project on its database: the demo venv's own
+    Python (Django is only there), absolute paths, so that it works as printed from anywhere."""
+    import shlex
+
+    python = shlex.quote(str(venv_bin(venv, "python")))
+    manage = shlex.quote(str(REPO / DEMO_MANAGE))
+    return f"DATABASE_URL={shlex.quote(redact(demo_url))} {python} {manage} runserver"
+
+
 def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
-    manage = "example_project/manage.py"
+    manage = DEMO_MANAGE
     if not (REPO / manage).exists():
         say(f"{manage} does not exist yet")
         return 1
@@ -755,19 +939,33 @@ def cmd_demo(args: argparse.Namespace, extra: list[str]) -> int:
         rc = run_script(
             venv, [[manage, "migrate", "--noinput"], [manage, "shop_demo", *extra]], demo_url
         )
+        keep = not args.drop or args.serve
+        password = demo_admin(venv, demo_url) if keep and rc == 0 else None
+        if password:
+            say(
+                f"admin: http://127.0.0.1:8000/admin/ as {DEMO_ADMIN!r} with the password "
+                f"{password} (a new one on every demo run)"
+            )
+        if args.serve and rc == 0:
+            say("serving the demo project on http://127.0.0.1:8000/ until Ctrl-C")
+            with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the server, not dev.py
+                run_script(venv, [[manage, "runserver", "--noreload"]], demo_url)
         if args.drop:
             demo_database(venv, db.url, "drop")
             say(f"dropped the demo database {DEMO_DATABASE}")
         elif db.server is not None:
             say(
                 f"kept the demo database {DEMO_DATABASE} in the embedded server's "
-                f"{PGDATA.relative_to(REPO)}/; `python3 dev.py demo --drop` drops it when done"
+                f"{PGDATA.relative_to(REPO)}/, which stops with dev.py: browse it with "
+                "`python3 dev.py demo --serve`; `python3 dev.py demo --drop` drops it"
             )
         else:
+            hidden = "***" in redact(demo_url)  # never print the server's password
             say(
-                f"kept the demo database {DEMO_DATABASE}: browse it with "
-                f"DATABASE_URL={redact(demo_url)} python example_project/manage.py runserver; "
-                f"drop it with `dropdb {DEMO_DATABASE}` or run `python3 dev.py demo --drop`"
+                f"kept the demo database {DEMO_DATABASE}: browse it with\n\n"
+                f"    {browse_command(venv, demo_url)}\n\n"
+                + ("(your server's password where *** is), " if hidden else "")
+                + "or with `python3 dev.py demo --serve`; `python3 dev.py demo --drop` drops it"
             )
         return rc
     finally:
@@ -802,7 +1000,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lint, check migrations, build the docs, then pytest on Django 5.2 and 6.1. "
         "Unknown arguments go to pytest.",
     )
-    test.add_argument("--fast", action="store_true", help="skip ruff, migrations and docs")
+    test.add_argument(
+        "--fast", action="store_true", help="skip ruff, migrations, docs and packaging"
+    )
     test.add_argument(
         "--django", choices=[s.key for s in SERIES], help="test one Django series only"
     )
@@ -818,6 +1018,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--drop",
         action="store_true",
         help=f"drop the database {DEMO_DATABASE} when the demo is done (kept by default)",
+    )
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="after the demo, serve the example project (runserver, in the demo's venv) on "
+        "127.0.0.1:8000 until Ctrl-C; with the embedded server, the only way to browse it",
     )
     bench = sub.add_parser("bench", allow_abbrev=False, help="run benchmarks/bench.py")
     for p in (test, demo, bench):

@@ -20,13 +20,14 @@ Ids are stable and listed in docs/checks.md:
 - ``dbqueue.W002`` an atomic job type with no timeout, or a long one: its transaction stays open
   for the whole run, holding locks and holding back vacuum.
 - ``dbqueue.W003`` the queue's tables do not exist in its database: run ``manage.py migrate``
-  (a database check: ``manage.py check --database default``; a warning, so that ``migrate``
-  itself, which runs the checks first, is not stopped by it).
+  (a database check: ``manage.py check --database default``; silent while ``migrate`` or
+  ``makemigrations`` runs the checks, and a warning, so that nothing is stopped by it).
 """
 
 import difflib
 import math
 import numbers
+import sys
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
@@ -422,13 +423,35 @@ def unmigrated(using):
     return schema.unmigrated(using)
 
 
+def _running_migration_command():
+    """True while ``migrate`` or ``makemigrations`` (or a command built on them) runs the checks.
+
+    Django gives a check no name of the command that runs it, and ``migrate`` runs the database
+    checks exactly as ``check --database default`` does (``databases=[alias]``). So look up the
+    call stack for the command object: the checks run inside its ``execute()``.
+    """
+    from django.core.management.commands.makemigrations import Command as MakeMigrations
+    from django.core.management.commands.migrate import Command as Migrate
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), Migrate | MakeMigrations):
+            return True
+        frame = frame.f_back
+    return False
+
+
 @register(Tags.database, "dbqueue")
 def check_migrated(app_configs=None, databases=None, **kwargs):
     """``dbqueue.W003``: the tables are missing. A database check, so it runs only when
-    ``check`` is given ``--database`` (and before ``migrate``, as a warning that does not stop
-    it); ``run_jobqueue`` and ``jobqueue_status`` refuse to start with the same message."""
+    ``check`` is given ``--database`` (on Django 6.1, also ``--tag``); ``run_jobqueue`` and
+    ``jobqueue_status`` refuse to start with the same message. ``migrate`` runs the database
+    checks before it migrates: telling it to run itself would only confuse, so the check is
+    silent there (and in ``makemigrations``)."""
     using = get_settings().DATABASE
     if not databases or using not in databases or using not in connections:
+        return []
+    if _running_migration_command():
         return []
     if connections[using].vendor != "postgresql":
         return []  # E005 says so

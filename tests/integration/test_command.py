@@ -141,8 +141,17 @@ def test_a_database_never_migrated_says_run_migrate_and_migrate_still_works(bare
     check = manage(bare_database, "check", "--database", "default", "--tag", "dbqueue")
     assert check.returncode == 0 and "dbqueue.W003" in check.stderr, check
     assert "python manage.py migrate" in check.stderr
+    check = manage(bare_database, "check", "--database", "default")
+    assert check.returncode == 0 and "dbqueue.W003" in check.stderr, check
+    # migrate runs the database checks (databases=["default"]) before it migrates, and
+    # makemigrations runs the others: neither tells the user to run migrate while it runs.
+    makemigrations = manage(bare_database, "makemigrations", "--check", "--dry-run")
+    assert makemigrations.returncode == 0, makemigrations
+    assert "W003" not in makemigrations.stderr + makemigrations.stdout, makemigrations
     migrate = manage(bare_database, "migrate", "--noinput")
     assert migrate.returncode == 0, migrate.stderr
+    assert "W003" not in migrate.stderr + migrate.stdout, migrate.stderr
+    assert "Applying django_dbqueue.0001_initial... OK" in migrate.stdout
     check = manage(bare_database, "check", "--database", "default", "--tag", "dbqueue")
     assert "dbqueue.W003" not in check.stderr + check.stdout
     burst = manage(bare_database, "run_jobqueue", "--burst")

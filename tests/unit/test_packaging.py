@@ -89,9 +89,76 @@ def test_license_file_and_backend_that_understands_the_expression():
     assert major >= 77, backend
 
 
-def test_project_urls_name_the_docs_and_the_changelog():
-    urls = PYPROJECT["project"]["urls"]
-    assert urls["Documentation"].endswith("docs/index.md")
-    assert urls["Changelog"].endswith("CHANGELOG.md")
-    assert (REPO / "docs" / "index.md").exists()
-    assert (REPO / "CHANGELOG.md").exists()
+def test_no_placeholder_urls_in_the_metadata_or_the_install_docs():
+    """The project has no public home yet: the metadata names no URL rather than an invented one,
+    and the install instructions say only what works today."""
+    assert "urls" not in PYPROJECT["project"]
+    for path in ("pyproject.toml", "README.md", "docs/quickstart.md", "docs/index.md"):
+        text = (REPO / path).read_text()
+        assert "example.invalid" not in text, path
+        assert "<repository-url>" not in text and "git+" not in text, path
+
+
+def test_the_django_versions_claimed_are_the_ones_ci_tests():
+    """Classifiers, the dependency range and dev.py's test series name the same Django series."""
+    from packaging.requirements import Requirement
+
+    import dev
+
+    tested = {series.key for series in dev.SERIES}
+    assert tested == {"5.2", "6.1"}
+    classifiers = {
+        c.rsplit(" :: ", 1)[1]
+        for c in PYPROJECT["project"]["classifiers"]
+        if c.startswith("Framework :: Django :: ")
+    }
+    assert classifiers == tested
+    (django,) = [
+        Requirement(r) for r in PYPROJECT["project"]["dependencies"] if r.startswith("Django")
+    ]
+    for version in ("5.2", "5.2.19", "6.1", "6.1.3"):
+        assert django.specifier.contains(version), (django, version)
+    for version in ("5.1.9", "6.0", "6.0.5", "6.2", "7.0"):
+        assert not django.specifier.contains(version), (django, version)
+    for series in dev.SERIES:  # each test venv's pin lies inside the range
+        pin = Requirement(series.requirement).specifier
+        assert any(django.specifier.contains(v) and pin.contains(v) for v in ("5.2", "6.1"))
+
+
+def test_the_install_docs_name_the_wheel_that_is_built():
+    version = PYPROJECT["project"]["version"]
+    for path in ("README.md", "docs/quickstart.md"):
+        named = set(
+            re.findall(r"django_dbqueue-([^-\s]+)-py3-none-any\.whl", (REPO / path).read_text())
+        )
+        assert named == {version}, (path, named)
+
+
+def test_the_wheel_check_names_a_missing_file_and_a_stray_one(tmp_path):
+    """dev.py's check of the built wheel: every file of the package in it, nothing else."""
+    import zipfile
+
+    import dev
+
+    source = sorted(dev.package_files())
+    assert "django_dbqueue/migrations/0001_initial.py" in source
+    assert "django_dbqueue/py.typed" in source
+    wheel = tmp_path / "django_dbqueue-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in source:
+            archive.writestr(name, "")
+        archive.writestr("django_dbqueue-1.0.dist-info/METADATA", "")
+    assert dev.wheel_problems(wheel) == []
+
+    template = "django_dbqueue/templates/admin/django_dbqueue/dashboard.html"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in source:
+            if name not in (template, "django_dbqueue/py.typed"):
+                archive.writestr(name, "")
+        archive.writestr("tests/settings.py", "")
+    assert dev.wheel_problems(wheel) == [
+        "missing from the wheel: django_dbqueue/py.typed",
+        f"missing from the wheel: {template}",
+        "not part of the package: tests/settings.py",
+        "the wheel has none of the py.typed marker (django_dbqueue/py.typed)",
+    ]
