@@ -97,6 +97,14 @@ def test_a_scrape_reports_the_workers_counts_and_the_table(start_worker, process
     )
     assert value(samples, "dbqueue_queue_jobs", queue="default", state="due") == 0
     assert value(samples, "dbqueue_table_up") == 1
+    # The registry: every worker process of the command, live, serving both queues on this host.
+    host = socket.gethostname()
+    for queue in ("default", "emails"):
+        assert value(samples, "dbqueue_workers", queue=queue, host=host) == int(processes)
+    registered = [worker_id for (worker_id,) in rows("SELECT worker_id FROM dbqueue_worker")]
+    assert len(registered) == int(processes)
+    for worker_id in registered:
+        assert 0 <= value(samples, "dbqueue_worker_heartbeat_age_seconds", worker=worker_id) < 5
     worker.assert_alive()
 
 
@@ -125,3 +133,4 @@ def test_a_metrics_port_in_use_is_refused_before_any_job_runs():
                 "127.0.0.1",
             )
     assert rows("SELECT state FROM dbqueue_job WHERE id = %s", [job.id]) == [("pending",)]
+
