@@ -1,6 +1,7 @@
 """``run_jobqueue --metrics-port``: a real worker process scraped over HTTP, checked against the
 table; with ``--processes`` the parent serves the sum of its children's counters."""
 
+import io
 import socket
 import urllib.request
 
@@ -134,3 +135,13 @@ def test_a_metrics_port_in_use_is_refused_before_any_job_runs():
             )
     assert rows("SELECT state FROM dbqueue_job WHERE id = %s", [job.id]) == [("pending",)]
 
+
+def test_metrics_port_without_prometheus_client_fails_before_the_banner(monkeypatch):
+    # As without the [prometheus] extra (metrics.available() looks for the package).
+    from django_dbqueue import metrics
+
+    monkeypatch.setattr(metrics, "available", lambda: False)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="pip install 'django-dbqueue\\[prometheus\\]'"):
+        call_command("run_jobqueue", "--burst", "--metrics-port", str(free_port()), stdout=out)
+    assert out.getvalue() == ""  # no "dbqueue starting" before the error
