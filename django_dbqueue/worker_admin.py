@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 from django.contrib import admin
 from django.db.models.functions import Now
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from . import presence
@@ -31,13 +32,13 @@ class WorkerRecordAdmin(admin.ModelAdmin):
         "status_display",
         "queues_display",
         "concurrency",
-        "execution_display",
+        "execution",
+        "group_display",
         "running_display",
         "heartbeat_display",
-        "started_at",
+        "started_display",
         "version",
     )
-    list_filter = ("host", "execution")
     ordering = ("host", "started_at", "worker_id")
     search_fields = ("worker_id", "host")
     actions = None
@@ -83,13 +84,15 @@ class WorkerRecordAdmin(admin.ModelAdmin):
     def queues_display(self, obj):
         return ", ".join(obj.queues or [])
 
-    @admin.display(description="execution")
-    def execution_display(self, obj):
-        if obj.group_pid is None:
-            return obj.execution
-        return f"{obj.execution}, --processes group of pid {obj.group_pid}"
+    @admin.display(description="group of pid", ordering="group_pid")
+    def group_display(self, obj):
+        return "-" if obj.group_pid is None else obj.group_pid
 
-    @admin.display(description="jobs running now")
+    @admin.display(description="started", ordering="started_at")
+    def started_display(self, obj):
+        return timezone.localtime(obj.started_at).strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="running jobs")
     def running_display(self, obj):
         live = self._live(obj)
         count = live.running if live is not None else obj.running
@@ -99,7 +102,7 @@ class WorkerRecordAdmin(admin.ModelAdmin):
         query = urlencode({"worker_id": obj.worker_id, "state__exact": "running"})
         return format_html('<a href="{}?{}">{}</a>', url, query, count)
 
-    @admin.display(description="last heartbeat", ordering="heartbeat_at")
+    @admin.display(description="heartbeat", ordering="heartbeat_at")
     def heartbeat_display(self, obj):
         live = self._live(obj)
         if live is None:
