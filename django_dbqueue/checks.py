@@ -416,9 +416,11 @@ def _check_database(conf):
 def unmigrated(using):
     """A message saying to run migrate when the queue's tables are missing from ``using``,
     else ``None``. Queries the database (errors connecting to it propagate)."""
-    from .models import BackgroundJob, JobDelivery, ScheduleState
+    from .models import BackgroundJob, JobDelivery, ScheduleState, WorkerRecord
 
-    tables = [m._meta.db_table for m in (BackgroundJob, JobDelivery, ScheduleState)]
+    # The worker registry too: a worker whose heartbeat cannot write its row (0018 not
+    # applied) would log an error at every heartbeat.
+    tables = [m._meta.db_table for m in (BackgroundJob, JobDelivery, ScheduleState, WorkerRecord)]
     missing = store.missing_tables(using, tables)
     if not missing:
         return None

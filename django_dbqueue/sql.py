@@ -1178,7 +1178,11 @@ WITHDRAW_WORKER = "DELETE FROM dbqueue_worker WHERE worker_id = %(worker)s RETUR
 
 # The sweeper: rows of workers that stopped beating (kill -9, a lost host) past their expiry.
 # Every listing already hides them (LIVE_WORKERS); this only keeps the table small. Several
-# sweepers at once delete the same few rows; the loser finds them gone, which is harmless.
+# sweepers at once delete the same few rows; the loser finds them gone, which is harmless. The
+# expiry test is the DELETE's own WHERE, so a row that its worker's heartbeat refreshed while
+# this waited for its lock is re-checked in its new version and kept (a test of it in a
+# subquery or CTE would read the old version and delete a live worker's row:
+# tests/integration/test_worker_registry.py).
 FORGET_EXPIRED_WORKERS = (
     "DELETE FROM dbqueue_worker WHERE expires_at < now() RETURNING worker_id, heartbeat_at"
 )
