@@ -633,4 +633,5 @@ def _dashboard_context(request):
     }
 
 
-from . import queue_admin  # noqa: E402, F401  (registers the queue page: flow control)
+# Each registers its page: flow control, and the worker registry.
+from . import queue_admin, worker_admin  # noqa: E402, F401

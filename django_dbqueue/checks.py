@@ -420,6 +420,8 @@ def _check_database(conf):
 def unmigrated(using):
     """A message saying to run migrate when the queue's tables are missing from ``using``,
     else ``None``. Queries the database (errors connecting to it propagate)."""
+    # Every table of the package's models (the worker registry's too: a worker whose heartbeat
+    # cannot write its row would log an error at every heartbeat).
     return schema.unmigrated(using)
 
 

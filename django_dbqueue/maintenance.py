@@ -1,5 +1,6 @@
 """The worker's periodic duties, each when it is due: the watchdog (runs past their timeout),
-the heartbeat, the sweeper, the scheduler and the status line.
+the heartbeat, the worker registry's row (presence.py), the sweeper, the scheduler and the
+status line.
 
 The claim loop calls ``run_due()`` once per turn, and sleeps no longer than ``deadline()``. The
 heartbeat and the watchdog run on the loop's own connection and let a lost connection reach the
@@ -26,6 +27,7 @@ class Maintenance:
         conf = worker.conf
         self.next = {
             "beat": now + conf.HEARTBEAT_INTERVAL,
+            "presence": now,  # at start, then with each heartbeat
             "watch": now + self.WATCH_INTERVAL,
             "sweep": now,
             "schedule": now,
@@ -37,7 +39,7 @@ class Maintenance:
     def deadline(self):
         """When the next duty is due (``time.monotonic()``)."""
         w = self.worker
-        due = [self.next["beat"], self.next["sweep"]]
+        due = [self.next["beat"], self.next["presence"], self.next["sweep"]]
         if w.scheduler.schedules:
             due.append(self.next["schedule"])
         if w.inflight.occupied():
@@ -53,6 +55,9 @@ class Maintenance:
         if now >= self.next["beat"]:
             w.heartbeat.beat_once(w.session)
             self.next["beat"] = now + w.conf.HEARTBEAT_INTERVAL
+        if now >= self.next["presence"]:
+            self.next["presence"] = self.next["beat"]
+            w.presence.announce_once(w.session)  # says "stopping" now
 
     def run_due(self):
         """Heartbeat, watchdog, sweeper, scheduler and status line, each when it is due."""
@@ -66,7 +71,11 @@ class Maintenance:
             w.heartbeat.beat_once(w.session)  # a lost connection goes to the loop
             nxt["beat"] = now + w.conf.HEARTBEAT_INTERVAL
         # Each of these on its own: one that fails is logged and tried again at its next
-        # interval, and never stops claiming.
+        # interval, and never stops claiming. The registry's row is one of them: it is for
+        # people to see, and never holds up the leases.
+        if now >= nxt["presence"]:
+            nxt["presence"] = nxt["beat"]  # with the heartbeat: one wake-up for both
+            self.guarded("worker registry", w.presence.announce_once, w.session)
         if now >= nxt["sweep"]:
             nxt["sweep"] = now + w.conf.SWEEP_INTERVAL
             self.guarded("sweep", w.sweeper.run_once)

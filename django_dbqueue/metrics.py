@@ -9,7 +9,8 @@ Two sources, one exposition:
   pays nothing. With ``--processes`` every child writes to ``PROMETHEUS_MULTIPROC_DIR`` and the
   parent serves their sum (prometheus_client's multiprocess mode).
 - **The table** gives the gauges (depth by queue and state, oldest due job, stuck jobs, dead
-  letters, workers holding jobs and their heartbeat age, unconfirmed deliveries) from ONE
+  letters, the live workers from the registry with their jobs and heartbeat age, unconfirmed
+  deliveries) from ONE
   statement (``sql.METRICS_SNAPSHOT``), run at most once per ``METRICS_CACHE`` seconds per
   process on a connection of its own, however often the endpoint is scraped.
 
@@ -221,34 +222,40 @@ class TableCollector:
             labels=["queue"],
         )
         held = GaugeMetricFamily(
-            "dbqueue_worker_jobs", "Running jobs held by each worker.", labels=["worker"]
+            "dbqueue_worker_jobs",
+            "Running jobs held by each worker in the registry.",
+            labels=["worker"],
         )
         beat = GaugeMetricFamily(
             "dbqueue_worker_heartbeat_age_seconds",
-            "Seconds since each worker holding jobs last extended their leases.",
+            "Seconds since each worker in the registry last sent its heartbeat (it is shown "
+            "stale, then gone, when this grows: docs/operations.md#workers).",
             labels=["worker"],
         )
-        workers = GaugeMetricFamily("dbqueue_workers", "Workers holding at least one job.")
+        workers = GaugeMetricFamily(
+            "dbqueue_workers",
+            "Live workers (in the registry and not stale) serving the queue, by host.",
+            labels=["queue", "host"],
+        )
         deliveries = GaugeMetricFamily(
             "dbqueue_deliveries",
             "Delivery records by state (recorded: outcome unknown, unconfirmed).",
             labels=["state"],
         )
         queues = {name: {} for name in get_settings().QUEUES}
-        worker_ids = set()
         for kind, name, label, value in rows:
             if kind == "queue":
                 queues.setdefault(name, {})[label] = value
             elif kind == "worker":
-                worker_ids.add(name)
                 (held if label == "jobs" else beat).add_metric([name], value or 0.0)
+            elif kind == "workers":
+                workers.add_metric([name, label], value)
             elif kind == "delivery":
                 deliveries.add_metric([name], value)
         for name, values in sorted(queues.items()):
             for state in ("due", "scheduled", "waiting", "running", "stuck", "dead"):
                 jobs.add_metric([name, state], values.get(state) or 0.0)
             oldest.add_metric([name], values.get("oldest_due_seconds") or 0.0)
-        workers.add_metric([], float(len(worker_ids)))
         yield from (jobs, oldest, workers, held, beat, deliveries)
 
 

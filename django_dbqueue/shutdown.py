@@ -79,6 +79,7 @@ def shut_down(w):
     while not w._releasing and (w.inflight.occupied() or _being_killed(w)):
         quiet_tick(w, 0.05)
     w.stopping.set()
+    w.maintenance.next["presence"] = 0.0  # the registry shows "stopping" at the next tick
     w.waiting.release()  # no more claims: enqueues need not wake us
     unstarted = w.inflight.release_unstarted()
     if unstarted:
@@ -132,6 +133,7 @@ def shut_down(w):
     for helper in (w.listener, w.waker):
         if helper is not None:
             helper.join(1.0)
+    w.presence.withdraw(w.session)  # gone from the registry at once
     w.session.close()
     w._wakeup.close()
     connections[w.using].close()

@@ -1123,9 +1123,10 @@ WHERE l.scope = %(scope)s AND l.name = %(name)s AND l.part = %(part)s
 
 # Metrics ---------------------------------------------------------------------------------------
 # Every gauge of the table in one statement, as (kind, name, label, value) rows: per queue the due,
-# scheduled, waiting (on workflow dependencies), running, stuck and dead jobs and the oldest due job's age; per worker holding jobs
-# the jobs it holds and the seconds since its last heartbeat (a lease is extended to now() + lease,
-# so leased_until - lease is when it was last extended); the unconfirmed delivery records. Like
+# scheduled, waiting (on workflow dependencies), running, stuck and dead jobs and the oldest due
+# job's age; per worker in the registry (dbqueue_worker, unexpired) the jobs it holds and the
+# seconds since its last heartbeat; per queue and host the workers serving it that are not
+# stale; the unconfirmed delivery records. Like
 # STATUS_COUNTS, each part reads one state through that state's partial index (claim, lease,
 # dead-per-queue, unconfirmed deliveries), never the finished rows, so the cost follows the live
 # backlog and not the history. Done, sent and failed rows are left out for that reason: counting
@@ -1157,16 +1158,81 @@ FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
 UNION ALL
 SELECT 'worker', w.worker_id, v.label, v.value
 FROM (
-    SELECT worker_id, count(*) AS jobs,
-           EXTRACT(EPOCH FROM now() - max(leased_until - lease_seconds * interval '1 second'))
-               AS heartbeat_age
-    FROM dbqueue_job WHERE state = 'running' GROUP BY worker_id
+    SELECT w.worker_id, COALESCE(r.jobs, 0) AS jobs,
+           EXTRACT(EPOCH FROM now() - w.heartbeat_at) AS heartbeat_age
+    FROM dbqueue_worker AS w
+    LEFT JOIN (SELECT worker_id, count(*) AS jobs FROM dbqueue_job WHERE state = 'running'
+               GROUP BY worker_id) AS r ON r.worker_id = w.worker_id
+    WHERE w.expires_at > now()
 ) AS w
 CROSS JOIN LATERAL (VALUES ('jobs', w.jobs::float8), ('heartbeat_age_seconds',
                                                        w.heartbeat_age::float8)) AS v(label, value)
 UNION ALL
+SELECT 'workers', q.queue, w.host, (count(*) FILTER (WHERE w.stale_at > now()))::float8
+FROM dbqueue_worker AS w CROSS JOIN LATERAL unnest(w.queues) AS q(queue)
+WHERE w.expires_at > now()
+GROUP BY q.queue, w.host
+UNION ALL
 SELECT 'delivery', 'recorded', 'count', count(*)::float8
 FROM dbqueue_delivery WHERE state = 'recorded'
+"""
+
+# The worker registry (presence.py) -----------------------------------------------------------
+
+# A worker says it is alive: once at start, then once per HEARTBEAT_INTERVAL, on its own
+# connection (no extra connection, no session state: fine behind PgBouncer in transaction
+# mode). Its own row only, so it never waits on another worker; it waits only on a sweep
+# deleting its expired row, which it then inserts again. Written like the heartbeat, with the
+# worker's commit mode: losing the last one in a crash costs nothing, the next one rewrites it.
+# started_at is kept from the first insert. The deadlines are database time, as the readers
+# compare them with now().
+ANNOUNCE_WORKER = """
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+)
+INSERT INTO dbqueue_worker AS w (worker_id, host, pid, version, queues, concurrency, execution,
+                                 group_pid, state, started_at, heartbeat_at, stale_at,
+                                 expires_at, running)
+SELECT %(worker)s, %(host)s, %(pid)s, %(version)s, %(queues)s::text[], %(concurrency)s,
+       %(execution)s, %(group_pid)s, %(state)s, now(), now(),
+       now() + %(stale)s * interval '1 second', now() + %(expire)s * interval '1 second',
+       %(running)s
+FROM commit_mode
+ON CONFLICT (worker_id) DO UPDATE
+SET state = EXCLUDED.state, heartbeat_at = now(), stale_at = EXCLUDED.stale_at,
+    expires_at = EXCLUDED.expires_at, running = EXCLUDED.running
+RETURNING w.started_at
+"""
+
+# A clean stop: the worker is gone at once.
+WITHDRAW_WORKER = "DELETE FROM dbqueue_worker WHERE worker_id = %(worker)s RETURNING worker_id"
+
+# The sweeper: rows of workers that stopped beating (kill -9, a lost host) past their expiry.
+# Every listing already hides them (LIVE_WORKERS); this only keeps the table small. Several
+# sweepers at once delete the same few rows; the loser finds them gone, which is harmless. The
+# expiry test is the DELETE's own WHERE, so a row that its worker's heartbeat refreshed while
+# this waited for its lock is re-checked in its new version and kept (a test of it in a
+# subquery or CTE would read the old version and delete a live worker's row:
+# tests/integration/test_worker_registry.py).
+FORGET_EXPIRED_WORKERS = (
+    "DELETE FROM dbqueue_worker WHERE expires_at < now() RETURNING worker_id, heartbeat_at"
+)
+
+# The registry as shown by jobqueue_status, the admin and the metrics: unexpired rows, each with
+# whether it is stale, the seconds since its last heartbeat, and the jobs the job table says it
+# runs now (the running rows counted by worker_id, one pass over the running jobs' partial
+# index).
+LIVE_WORKERS = """
+SELECT w.worker_id, w.host, w.pid, w.version, w.queues, w.concurrency, w.execution, w.group_pid,
+       w.state, w.started_at, w.heartbeat_at, w.stale_at < now(),
+       EXTRACT(EPOCH FROM now() - w.heartbeat_at)::float8, w.running, COALESCE(r.jobs, 0)
+FROM dbqueue_worker AS w
+LEFT JOIN (SELECT worker_id, count(*) AS jobs FROM dbqueue_job WHERE state = 'running'
+           GROUP BY worker_id) AS r ON r.worker_id = w.worker_id
+WHERE w.expires_at > now()
+ORDER BY w.host, w.started_at, w.worker_id
+LIMIT %(limit)s
 """
 
 # Scheduler -------------------------------------------------------------------------------------

@@ -954,6 +954,61 @@ def dashboard_workers(using, *, limit=200):
     return _execute(using, sql.DASHBOARD_WORKERS, {"limit": limit})
 
 
+# The worker registry (presence.py) ------------------------------------------------------------
+
+
+def announce_worker(
+    db,
+    *,
+    worker,
+    host,
+    pid,
+    version,
+    queues,
+    concurrency,
+    execution,
+    group_pid,
+    state,
+    stale,
+    expire,
+    running,
+    async_commit=False,
+):
+    """Insert or refresh the row of ``worker`` (its heartbeat, deadlines, state, jobs held)."""
+    params = {
+        "worker": worker,
+        "host": host,
+        "pid": pid,
+        "version": version,
+        "queues": text_array(queues),
+        "concurrency": concurrency,
+        "execution": execution,
+        "group_pid": group_pid,
+        "state": state,
+        "stale": float(stale),
+        "expire": float(expire),
+        "running": running,
+        "commit": _commit(async_commit),
+    }
+    _execute(db, sql.ANNOUNCE_WORKER, params)
+
+
+def withdraw_worker(db, worker):
+    _execute(db, sql.WITHDRAW_WORKER, {"worker": worker})
+
+
+def forget_expired_workers(db):
+    """Delete the rows of workers past their expiry; returns ``[(worker_id, heartbeat_at)]``."""
+    return _execute(db, sql.FORGET_EXPIRED_WORKERS, {})
+
+
+def live_workers(using, *, limit=1000):
+    """``[(worker_id, host, pid, version, [queues], concurrency, execution, group_pid, state,
+    started_at, heartbeat_at, stale, heartbeat_age_seconds, running_at_beat, running_now),
+    ...]``: the unexpired rows of the registry, by host and start."""
+    return _execute(using, sql.LIVE_WORKERS, {"limit": limit})
+
+
 # Flow control (flow.py) ---------------------------------------------------------------------------
 
 

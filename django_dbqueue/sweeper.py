@@ -1,5 +1,5 @@
-"""The sweeper: takes back jobs whose lease expired and prunes old finished jobs. Runs inside
-every worker.
+"""The sweeper: takes back jobs whose lease expired, prunes old finished jobs and forgets the
+workers that stopped beating (presence.py). Runs inside every worker.
 
 Each pass is bounded (``SWEEP_BATCH`` rows per statement, a few statements at most) and uses
 SKIP LOCKED, so any number of workers can sweep at once: they split the expired rows between them
@@ -26,10 +26,24 @@ class Sweeper:
         self.db = db if db is not None else self.using
 
     def run_once(self):
-        """One pass. Returns ``{"rescued": n, "dead": n, "pruned": n}``."""
+        """One pass. Returns ``{"rescued": n, "dead": n, "cancelled": n, "pruned": n,
+        "workers_forgotten": n}``."""
         counts = self.rescue()
         counts["pruned"] = self.prune()
+        counts["workers_forgotten"] = self.forget_workers()
         return counts
+
+    def forget_workers(self):
+        """Delete the registry rows of workers that stopped beating (presence.py)."""
+        forgotten = store.forget_expired_workers(self.db)
+        for worker_id, heartbeat_at in forgotten:
+            logger.warning(
+                "dbqueue worker %s left the worker registry: no heartbeat since %s (it was "
+                "killed, hung or lost the database)",
+                worker_id,
+                heartbeat_at.isoformat(),
+            )
+        return len(forgotten)
 
     def prune(self):
         """Delete finished jobs past their retention (``DONE_RETENTION`` and friends)."""

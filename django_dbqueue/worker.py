@@ -38,6 +38,7 @@ from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
 from .maintenance import Maintenance
 from .notifications import Listener, Wakeup, parse_cancel, parse_named, parse_wakeup
+from .presence import Presence
 from .rollup import Rollup
 from .scheduler import Scheduler
 from .shutdown import shut_down
@@ -151,6 +152,7 @@ class Worker:
         )
         self.acks.on_ready = self._on_ack
         self.heartbeat = Heartbeat(self)
+        self.presence = Presence(self)  # its row in the worker registry
         hung_limit = conf.HUNG_THREAD_LIMIT
         self.pool = make_pool(
             self,

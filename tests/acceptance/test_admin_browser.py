@@ -543,3 +543,132 @@ def _tour(page, shop, base_url, charge_id, ada, grace, linus, screenshot):
     screenshot(page, "admin-dashboard")
     page.emulate_media(color_scheme="dark")  # the admin's dark theme follows the browser's
     screenshot(page, "admin-dashboard-dark")
+
+
+# -- the workers page -----------------------------------------------------------------------------
+
+WATCHER_USER = "watcher"
+WATCHER_PERMISSIONS = ["django_dbqueue.view_workerrecord", "django_dbqueue.view_backgroundjob"]
+
+
+def _create_staff(shop, username, permissions):
+    shop.manage(
+        "shell",
+        "--command",
+        "from django.contrib.auth.models import Permission, User\n"
+        f"user = User.objects.create_user({username!r}, password={STAFF_PASSWORD!r}, "
+        "is_staff=True)\n"
+        f"perms = [Permission.objects.get(content_type__app_label=p.split('.')[0], "
+        f"codename=p.split('.')[1]) for p in {permissions!r}]\n"
+        "user.user_permissions.set(perms)\n",
+    )
+
+
+def _log_in(page, base_url, username):
+    from playwright.sync_api import expect
+
+    page.goto(base_url + "/admin/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", STAFF_PASSWORD)
+    page.click("input[type=submit]")
+    expect(page.locator("#user-tools")).to_contain_text(username)
+
+
+def test_operator_sees_the_live_workers_in_the_admin(sync_playwright, shop, screenshot):
+    from playwright.sync_api import expect
+
+    shop.manage("migrate", "--verbosity", "0")
+    _create_staff(shop, WATCHER_USER, WATCHER_PERMISSIONS)
+    _create_staff(shop, "jobs-only", ["django_dbqueue.view_backgroundjob"])
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    server = shop.start("runserver", "runserver", f"127.0.0.1:{port}", "--noreload")
+    # A worker on two queues, and a --processes group of two on the third.
+    single = shop.start(
+        "worker-single", "run_jobqueue", "--queues", "emails,payments", "--concurrency", "4"
+    )
+    group = shop.start(
+        "worker-group",
+        "run_jobqueue",
+        "--queues",
+        "default",
+        "--processes",
+        "2",
+        "--concurrency",
+        "2",
+        "--execution",
+        "process",
+    )
+    _wait_until_serving(shop, server, base_url)
+    workers = shop.wait_for(
+        "three workers in the registry",
+        lambda: (
+            (
+                rows := shop.query(
+                    "SELECT pid, group_pid FROM dbqueue_worker WHERE expires_at > now() ORDER BY pid"
+                )
+            )
+            and len(rows) == 3
+            and rows
+        ),
+        processes=[single, group],
+    )
+    children = [pid for pid, parent in workers if parent == group.pid]
+    assert len(children) == 2 and (single.pid, None) in workers
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(
+                viewport={"width": 1440, "height": 640}, color_scheme="light"
+            )
+            context.add_init_script(
+                "window.localStorage.setItem('django.admin.navSidebarIsOpen', 'false')"
+            )
+            page = context.new_page()
+            page.set_default_timeout(10_000)
+            _log_in(page, base_url, WATCHER_USER)
+            page.goto(base_url + "/admin/django_dbqueue/workerrecord/")
+            expect(page.locator("h1")).to_have_text("Workers")
+            rows = page.locator("#result_list tbody tr")
+            expect(rows).to_have_count(3)
+            headers = page.locator("#result_list thead th").evaluate_all(
+                "els => els.map(e => e.textContent.trim())"
+            )
+
+            def cell(row, header):
+                return row.locator("th, td").nth(headers.index(header))
+
+            mine = rows.filter(has=page.locator("td.field-pid", has_text=str(single.pid)))
+            expect(cell(mine, "Queues")).to_have_text("emails, payments")
+            expect(cell(mine, "Concurrency")).to_have_text("4")
+            expect(cell(mine, "Execution")).to_have_text("thread")
+            expect(cell(mine, "Group of pid")).to_have_text("-")
+            expect(cell(mine, "State")).to_have_text("running")
+            expect(cell(mine, "Running jobs")).to_have_text("0")
+            expect(cell(mine, "Heartbeat")).to_contain_text("s ago")
+            for pid in children:
+                child = rows.filter(has=page.locator("td.field-pid", has_text=str(pid)))
+                expect(cell(child, "Execution")).to_have_text("process")
+                expect(cell(child, "Group of pid")).to_have_text(str(group.pid))
+                expect(cell(child, "Queues")).to_have_text("default")
+            # Read-only: nothing to add, no actions, no delete.
+            expect(page.locator(".object-tools a.addlink")).to_have_count(0)
+            expect(page.locator("select[name=action]")).to_have_count(0)
+            screenshot(page, "admin-workers")
+
+            # A worker stopped with SIGTERM leaves the page at once.
+            shop.stop(single)
+            page.reload()
+            expect(rows).to_have_count(2)
+            expect(page.locator("#result_list")).not_to_contain_text(str(single.pid))
+
+            # Without the view permission on workers: no page.
+            context.clear_cookies()
+            _log_in(page, base_url, "jobs-only")
+            response = page.goto(base_url + "/admin/django_dbqueue/workerrecord/")
+            assert response.status == 403
+        finally:
+            browser.close()
+    shop.stop(group)
+    assert shop.query("SELECT count(*) FROM dbqueue_worker") == [(0,)]

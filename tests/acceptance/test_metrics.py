@@ -1,6 +1,7 @@
 """``run_jobqueue --metrics-port``: a real worker process scraped over HTTP, checked against the
 table; with ``--processes`` the parent serves the sum of its children's counters."""
 
+import io
 import socket
 import urllib.request
 
@@ -97,6 +98,14 @@ def test_a_scrape_reports_the_workers_counts_and_the_table(start_worker, process
     )
     assert value(samples, "dbqueue_queue_jobs", queue="default", state="due") == 0
     assert value(samples, "dbqueue_table_up") == 1
+    # The registry: every worker process of the command, live, serving both queues on this host.
+    host = socket.gethostname()
+    for queue in ("default", "emails"):
+        assert value(samples, "dbqueue_workers", queue=queue, host=host) == int(processes)
+    registered = [worker_id for (worker_id,) in rows("SELECT worker_id FROM dbqueue_worker")]
+    assert len(registered) == int(processes)
+    for worker_id in registered:
+        assert 0 <= value(samples, "dbqueue_worker_heartbeat_age_seconds", worker=worker_id) < 5
     worker.assert_alive()
 
 
@@ -125,3 +134,14 @@ def test_a_metrics_port_in_use_is_refused_before_any_job_runs():
                 "127.0.0.1",
             )
     assert rows("SELECT state FROM dbqueue_job WHERE id = %s", [job.id]) == [("pending",)]
+
+
+def test_metrics_port_without_prometheus_client_fails_before_the_banner(monkeypatch):
+    # As without the [prometheus] extra (metrics.available() looks for the package).
+    from django_dbqueue import metrics
+
+    monkeypatch.setattr(metrics, "available", lambda: False)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="pip install 'django-dbqueue\\[prometheus\\]'"):
+        call_command("run_jobqueue", "--burst", "--metrics-port", str(free_port()), stdout=out)
+    assert out.getvalue() == ""  # no "dbqueue starting" before the error

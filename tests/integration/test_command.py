@@ -156,3 +156,14 @@ def test_a_database_never_migrated_says_run_migrate_and_migrate_still_works(bare
     assert "dbqueue.W003" not in check.stderr + check.stdout
     burst = manage(bare_database, "run_jobqueue", "--burst")
     assert burst.returncode == 0, burst.stderr
+
+
+@pytest.mark.django_db
+def test_a_database_without_the_worker_registry_says_run_migrate(bare_database):
+    # Migrated up to before the registry: a worker would fail to write its row at every beat.
+    migrate = manage(bare_database, "migrate", "django_dbqueue", "0016_claim_races", "--noinput")
+    assert migrate.returncode == 0, migrate.stderr
+    burst = manage(bare_database, "run_jobqueue", "--burst")
+    assert burst.returncode == 1, burst
+    assert "no dbqueue_worker table" in burst.stderr and "manage.py migrate" in burst.stderr
+    assert "dbqueue starting" not in burst.stdout

@@ -262,14 +262,32 @@ def test_due_depth_oldest_and_workers_from_the_table(fresh_gauges):
             "WHERE id = ANY(%s)",
             [due[1:]],
         )
+        # The registry: that worker, stale (30 s without a heartbeat) but not expired yet; an
+        # idle live one on another host; one expired (gone from every listing).
+        cursor.execute(
+            "INSERT INTO dbqueue_worker (worker_id, host, pid, version, queues, concurrency, "
+            "execution, state, started_at, heartbeat_at, stale_at, expires_at, running) "
+            "SELECT w.id, w.host, 1, 'v', w.queues::text[], 4, 'thread', 'running', "
+            "now() - interval '1 hour', now() - w.age * interval '1 second', "
+            "now() - (w.age - 20) * interval '1 second', "
+            "now() - (w.age - 40) * interval '1 second', 0 "
+            "FROM (VALUES ('host:1:abc', 'host', '{default}', 30), "
+            "('other:2:def', 'other', '{default,emails}', 0), "
+            "('gone:3:old', 'gone', '{default}', 50)) AS w(id, host, queues, age)"
+        )
     samples = scrape()
     assert value(samples, "dbqueue_queue_jobs", queue="default", state="due") == 1
     assert value(samples, "dbqueue_queue_jobs", queue="default", state="running") == 2
     assert value(samples, "dbqueue_queue_jobs", queue="emails", state="due") == 0
     assert 90 <= value(samples, "dbqueue_queue_oldest_due_seconds", queue="default") < 100
-    assert value(samples, "dbqueue_workers") == 1
+    stale = ("dbqueue_workers", frozenset({"queue": "default", "host": "host"}.items()))
+    assert samples[stale] == 0  # listed, and counted as no live worker
+    assert value(samples, "dbqueue_workers", queue="default", host="other") == 1
+    assert value(samples, "dbqueue_workers", queue="emails", host="other") == 1
     assert value(samples, "dbqueue_worker_jobs", worker="host:1:abc") == 2
+    assert value(samples, "dbqueue_worker_jobs", worker="other:2:def") == 0
     assert 29 <= value(samples, "dbqueue_worker_heartbeat_age_seconds", worker="host:1:abc") < 40
+    assert not [key for key in samples if "gone" in str(key)]  # expired: not exposed
 
 
 def test_the_table_query_runs_once_per_cache_period():

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from django_dbqueue import flow, scheduler, store
+from django_dbqueue import flow, presence, scheduler, store
 from django_dbqueue.conf import get_settings
 from django_dbqueue.management.arguments import positive_seconds, whole_number
 from django_dbqueue.management.commands.jobqueue_queue import flow_lines
@@ -12,7 +12,7 @@ from django_dbqueue.management.preflight import queue_database
 class Command(BaseCommand):
     help = (
         "Print the queue's health: counts per queue and state, the oldest due job's age, stuck "
-        "and dead jobs. Exits 1 when a --fail-on threshold is crossed, for cron and health probes."
+        "and dead jobs, the live workers. Exits 1 when a --fail-on threshold is crossed, for cron and health probes."
     )
 
     def add_arguments(self, parser):
@@ -71,6 +71,7 @@ class Command(BaseCommand):
         ]
         flows = flow.queue_flows(using)
         types = flow.type_flows(using)
+        workers = presence.live_workers(using)
         if options["json"]:
             report = {
                 "flow": {
@@ -97,6 +98,7 @@ class Command(BaseCommand):
                 "queues": per_queue,
                 "totals": totals,
                 "schedules": schedule_rows,
+                "workers": [worker.as_json() for worker in workers],
                 "failures": failures,
             }
             self.stdout.write(json.dumps(report, indent=2, sort_keys=True))
@@ -118,6 +120,7 @@ class Command(BaseCommand):
                     f"schedule {row['name']}: last tick {row['last_tick'] or 'never'}, "
                     f"next tick {row['next_tick'] or 'none'}"
                 )
+            self._workers(workers, conf.HEARTBEAT_INTERVAL)
             for failure in failures:
                 self.stderr.write(f"FAIL: {failure}")
             if not failures:
@@ -148,4 +151,19 @@ class Command(BaseCommand):
                     str(v).rjust(w) if i else str(v).ljust(w)
                     for i, (v, w) in enumerate(zip(row, widths, strict=True))
                 )
+            )
+
+    def _workers(self, workers, heartbeat_interval):
+        if not workers:
+            self.stdout.write(
+                "workers: none has sent a heartbeat in the last "
+                f"{presence.expire_after(heartbeat_interval):g}s"
+            )
+        for w in workers:
+            group = "" if w.group_pid is None else f" in the --processes group of pid {w.group_pid}"
+            self.stdout.write(
+                f"worker {w.worker_id}: {w.status}, host {w.host} pid {w.pid}{group}, queues "
+                f"{','.join(w.queues)}, concurrency {w.concurrency} ({w.execution}), "
+                f"{w.running} running, heartbeat {w.heartbeat_age:.0f}s ago, started "
+                f"{w.started_at.isoformat(timespec='seconds')}, version {w.version}"
             )

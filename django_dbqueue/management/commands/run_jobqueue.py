@@ -89,6 +89,11 @@ class Command(BaseCommand):
             "max_jobs": options["max_jobs"],
             "execution": options["execution"] or conf.EXECUTION,
         }
+        # The metrics port first: a missing prometheus-client or a port in use is a usage
+        # error, reported before the banner says the worker is starting.
+        metrics_dir = metrics_line = None
+        if options["metrics_port"] is not None:
+            metrics_dir, metrics_line = self._serve_metrics(options)
         settings_dict = connections[using].settings_dict
         where = f"{settings_dict.get('NAME')}@{settings_dict.get('HOST') or 'local socket'}"
         self.stdout.write(
@@ -96,10 +101,9 @@ class Command(BaseCommand):
             f"processes={options['processes']} execution={worker_kwargs['execution']} "
             f"database={using} ({where})" + (" burst" if options["burst"] else "")
         )
+        if metrics_line:
+            self.stdout.write(metrics_line)
         out = lambda line: self.stdout.write(line)  # noqa: E731
-        metrics_dir = None
-        if options["metrics_port"] is not None:
-            metrics_dir = self._serve_metrics(options)
         try:
             self._run(options, worker_kwargs, out)
         finally:
@@ -107,8 +111,13 @@ class Command(BaseCommand):
                 shutil.rmtree(metrics_dir, ignore_errors=True)
 
     def _serve_metrics(self, options):
-        """Connect the counters and serve /metrics; returns a temporary multiprocess directory
-        this command created (to remove at exit), or None."""
+        """Connect the counters and serve /metrics; returns ``(directory, line)``: a temporary
+        multiprocess directory this command created (to remove at exit) or None, and the line
+        that says where the metrics are."""
+        from django_dbqueue import metrics  # imports no prometheus_client (metrics.py)
+
+        if not metrics.available():
+            raise CommandError(f"argument --metrics-port: {metrics.MISSING}")
         created = None
         if options["processes"] > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             # prometheus_client picks its multiprocess mode when it is imported.
@@ -119,22 +128,19 @@ class Command(BaseCommand):
                 )
             created = tempfile.mkdtemp(prefix="dbqueue-metrics-")
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
-        from django_dbqueue import metrics
-
-        if not metrics.available():
-            raise CommandError(f"argument --metrics-port: {metrics.MISSING}")
         try:
             metrics.serve(options["metrics_port"], addr=options["metrics_addr"])
         except OSError as exc:
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
             raise CommandError(
                 f"argument --metrics-port: cannot listen on "
                 f"{options['metrics_addr']}:{options['metrics_port']} ({exc})"
             ) from exc
         metrics.install()  # the counters; forked --processes children inherit the receivers
-        self.stdout.write(
+        return created, (
             f"dbqueue metrics on http://{options['metrics_addr']}:{options['metrics_port']}/metrics"
         )
-        return created
 
     def _run(self, options, worker_kwargs, out):
         if options["processes"] > 1:
