@@ -1179,6 +1179,46 @@ FROM dbqueue_job WHERE id = %(id)s AND type = %(type)s
 """
 
 # Dashboard ---------------------------------------------------------------------------------------
+# The name a job is shown and counted under (names.py): its type, or for a ``django.tasks`` job
+# the path of its task as stored in the payload (text only: nothing is resolved or imported),
+# cut to the 200 characters of a type. ``j`` is the job row.
+JOB_NAME_SQL = """CASE WHEN j.type = 'django.tasks' AND jsonb_typeof(j.payload -> 'task') = 'string'
+     THEN left(j.payload ->> 'task', 200) ELSE j.type END"""
+
+# The failed attempts of the jobs that may have failed since %(from)s, one row per error entry,
+# at the time it failed: (queue, name, at). An entry's "at" is the database's now() when it was
+# written (FAIL_JOB, DEFER_UNKNOWN_TYPE, RESCUE_EXPIRED); an entry without one (written by
+# hand) counts at the job's finish. The "Requeued" marker (REQUEUE_JOBS) is not a failed
+# attempt. A job that failed at or after %(from)s is now, whatever happened to it since:
+# - finished (done, dead or cancelled) at or after %(from)s: dbqueue_job_finished_idx;
+# - pending with run_after at or after %(from)s: a failure, a requeue and a run-now set
+#   run_after to now() or later, and a release keeps it (a pass over the pending rows, as the
+#   depth sample makes anyway);
+# - running: few rows, dbqueue_job_lease_idx.
+# Only the rows with an error are unpacked.
+FAILED_ATTEMPTS_SQL = (
+    """
+SELECT j.queue, """
+    + JOB_NAME_SQL
+    + r""" AS type, f.at
+FROM (
+    SELECT queue, type, payload, errors, finished_at FROM dbqueue_job
+    WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= %(from)s
+    UNION ALL
+    SELECT queue, type, payload, errors, finished_at FROM dbqueue_job
+    WHERE state = 'pending' AND run_after >= %(from)s
+    UNION ALL
+    SELECT queue, type, payload, errors, finished_at FROM dbqueue_job WHERE state = 'running'
+) AS j
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN e.value ->> 'at' ~ '^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d'
+                THEN (e.value ->> 'at')::timestamptz ELSE j.finished_at END AS at
+    FROM jsonb_array_elements(j.errors) AS e
+    WHERE jsonb_typeof(e.value) = 'object' AND NOT (e.value ? 'requeued')
+) AS f
+WHERE j.errors <> '[]'::jsonb AND f.at >= %(from)s"""
+)
+
 # The rollup (rollup.py): once a minute one worker samples each queue's depth and counts the jobs
 # that finished since the previous sample, per minute, queue and type, into dbqueue_finished, so
 # that the dashboard reads a few thousand small rows instead of every finished job, and keeps
@@ -1195,6 +1235,12 @@ FROM dbqueue_job WHERE id = %(id)s AND type = %(type)s
 #   scans of one minute each, in the steady state.
 # - The wait of a finished job is its last claim's (started_at - run_after); width_bucket()
 #   puts it in a bin of %(bounds)s (seconds), kept as {"bin": count}.
+# - Failed attempts are counted once, in the minute each one failed: the error entries whose
+#   "at" lies in the counted range (FAILED_ATTEMPTS_SQL), whatever became of the job since (still
+#   retrying, running again, requeued, done). Counting a finished job's whole error history at
+#   its end counted a requeued job's earlier failures twice, and its "Requeued" marker (not a
+#   failed attempt) once more.
+# - A django.tasks job is counted under its task's path, as stored (JOB_NAME_SQL).
 # ROLLUP_DUE asks first whether the minute is still to do: PostgreSQL JIT-compiles
 # ROLLUP_MINUTE's plan (its estimated cost is the backlog's) even when the guards skip every
 # scan, which measured ~90 ms a pass against ~1 ms for the probe alone.
@@ -1202,7 +1248,8 @@ ROLLUP_DUE = """
 SELECT NOT EXISTS (SELECT 1 FROM dbqueue_depth WHERE minute = date_trunc('minute', now()))
 """
 
-ROLLUP_MINUTE = """
+ROLLUP_MINUTE = (
+    """
 WITH this AS MATERIALIZED (
     SELECT date_trunc('minute', now()) AS minute,
            NOT EXISTS (SELECT 1 FROM dbqueue_depth WHERE minute = date_trunc('minute', now()))
@@ -1236,18 +1283,27 @@ sample AS (
     RETURNING 1
 ),
 finished AS MATERIALIZED (
-    SELECT date_trunc('minute', j.finished_at) AS minute, j.queue, j.type,
+    SELECT date_trunc('minute', j.finished_at) AS minute, j.queue, """
+    + JOB_NAME_SQL
+    + """ AS type,
            width_bucket(EXTRACT(EPOCH FROM j.started_at - j.run_after)::float8,
                         %(bounds)s::float8[]) AS bin,
            count(*) FILTER (WHERE j.state = 'done') AS done,
            count(*) FILTER (WHERE j.state = 'dead') AS dead,
            count(*) FILTER (WHERE j.state = 'cancelled') AS cancelled,
-           sum(jsonb_array_length(j.errors)) AS failed
+           0 AS failed
     FROM dbqueue_job AS j, this AS t, previous AS p
     WHERE j.state IN ('done', 'dead', 'cancelled')
       AND j.finished_at >= p.minute AND j.finished_at < t.minute
       AND EXISTS (SELECT 1 FROM sample)
     GROUP BY 1, 2, 3, 4
+    UNION ALL
+    SELECT date_trunc('minute', a.at), a.queue, a.type, NULL, 0, 0, 0, count(*)
+    FROM ("""
+    + FAILED_ATTEMPTS_SQL.replace("%(from)s", "(SELECT minute FROM previous)")
+    + """) AS a, this AS t
+    WHERE a.at < t.minute AND EXISTS (SELECT 1 FROM sample)
+    GROUP BY 1, 2, 3
 ),
 rolled AS (
     INSERT INTO dbqueue_finished (
@@ -1263,6 +1319,7 @@ rolled AS (
 )
 SELECT (SELECT count(*) FROM sample), (SELECT count(*) FROM rolled)
 """
+)
 
 # The rollup's retention: rows older than the dashboard's longest window (and a margin), oldest
 # first, bounded like PRUNE_FINISHED. Served by the unique indexes, which start with the minute.
@@ -1298,10 +1355,12 @@ FROM (SELECT date_trunc('minute', now()) - %(window)s * interval '1 second'
                                         + interval '1 minute' AS since) AS s
 """
 
-# Jobs finished per time bucket and type: the rollup's minutes before %(split)s, and the job
+# Jobs finished per time bucket and name (JOB_NAME_SQL), and failed attempts in the bucket
+# each one failed in (FAILED_ATTEMPTS_SQL): the rollup's minutes before %(split)s, and the job
 # table itself from %(split)s on (the minute or so the rollup has not counted yet: a range scan
 # of dbqueue_job_finished_idx). Buckets are numbered from %(since)s in steps of %(step)s seconds.
-DASHBOARD_FINISHED = """
+DASHBOARD_FINISHED = (
+    """
 SELECT floor(EXTRACT(EPOCH FROM r.at - %(since)s) / %(step)s)::int AS bucket, r.type,
        sum(r.done)::bigint, sum(r.dead)::bigint, sum(r.cancelled)::bigint, sum(r.failed)::bigint
 FROM (
@@ -1309,13 +1368,21 @@ FROM (
     FROM dbqueue_finished
     WHERE minute >= %(since)s AND minute < %(split)s
     UNION ALL
-    SELECT finished_at, type, (state = 'done')::int, (state = 'dead')::int,
-           (state = 'cancelled')::int, jsonb_array_length(errors)
-    FROM dbqueue_job
-    WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= %(split)s
+    SELECT j.finished_at, """
+    + JOB_NAME_SQL
+    + """, (j.state = 'done')::int, (j.state = 'dead')::int,
+           (j.state = 'cancelled')::int, 0
+    FROM dbqueue_job AS j
+    WHERE j.state IN ('done', 'dead', 'cancelled') AND j.finished_at >= %(split)s
+    UNION ALL
+    SELECT a.at, a.type, 0, 0, 0, 1
+    FROM ("""
+    + FAILED_ATTEMPTS_SQL.replace("%(from)s", "%(split)s")
+    + """) AS a
 ) AS r
 GROUP BY 1, 2
 """
+)
 
 # Waits per time bucket as histogram bins (see ROLLUP_MINUTE), from the same two sources.
 DASHBOARD_WAITS = """
