@@ -4,8 +4,9 @@ Two sources, one exposition:
 
 - **The workers** count what they run: receivers of the job signals (``signals.py``) feed
   counters of jobs started, succeeded, retried and dead, and histograms of run duration and
-  queue wait, labelled by type and queue. They are connected by :func:`install`, which
-  ``run_jobqueue --metrics-port`` calls; without it the worker sends its signals to nobody and
+  queue wait, labelled by type and queue (a ``django.tasks`` job's type label is its task's
+  path when the worker knows that task: ``names.label``). They are connected by
+  :func:`install`, which ``run_jobqueue --metrics-port`` calls; without it the worker sends its signals to nobody and
   pays nothing. With ``--processes`` every child writes to ``PROMETHEUS_MULTIPROC_DIR`` and the
   parent serves their sum (prometheus_client's multiprocess mode).
 - **The table** gives the gauges (depth by queue and state, oldest due job, stuck jobs, dead
@@ -95,27 +96,31 @@ class _WorkerMetrics:
             buckets=WAIT_BUCKETS,
         )
 
-    def on_started(self, sender, *, job_type, queue, wait=None, **kwargs):
-        self.started.labels(job_type, queue).inc()
+    # The ``type`` label is the signal's ``job_name`` (names.label): the type, or a django.tasks
+    # job's task path when the worker knows that task, never a path only a row carries, so the
+    # label takes at most one value per job type and @task defined in the code.
+    def on_started(self, sender, *, job_type, queue, wait=None, job_name=None, **kwargs):
+        name = job_name or job_type
+        self.started.labels(name, queue).inc()
         if wait is not None:
-            self.wait.labels(job_type, queue).observe(max(0.0, wait))
+            self.wait.labels(name, queue).observe(max(0.0, wait))
 
     def _outcome(self, counter, outcome, job_type, queue, duration):
         counter.labels(job_type, queue).inc()
         if duration is not None:
             self.duration.labels(job_type, queue, outcome).observe(duration)
 
-    def on_succeeded(self, sender, *, job_type, queue, duration=None, **kwargs):
-        self._outcome(self.succeeded, "succeeded", job_type, queue, duration)
+    def on_succeeded(self, sender, *, job_type, queue, duration=None, job_name=None, **kwargs):
+        self._outcome(self.succeeded, "succeeded", job_name or job_type, queue, duration)
 
-    def on_failed(self, sender, *, job_type, queue, duration=None, **kwargs):
-        self._outcome(self.failed, "retried", job_type, queue, duration)
+    def on_failed(self, sender, *, job_type, queue, duration=None, job_name=None, **kwargs):
+        self._outcome(self.failed, "retried", job_name or job_type, queue, duration)
 
-    def on_dead(self, sender, *, job_type, queue, duration=None, **kwargs):
-        self._outcome(self.dead, "dead", job_type, queue, duration)
+    def on_dead(self, sender, *, job_type, queue, duration=None, job_name=None, **kwargs):
+        self._outcome(self.dead, "dead", job_name or job_type, queue, duration)
 
-    def on_cancelled(self, sender, *, job_type, queue, duration=None, **kwargs):
-        self._outcome(self.cancelled, "cancelled", job_type, queue, duration)
+    def on_cancelled(self, sender, *, job_type, queue, duration=None, job_name=None, **kwargs):
+        self._outcome(self.cancelled, "cancelled", job_name or job_type, queue, duration)
 
 
 _lock = threading.Lock()

@@ -757,6 +757,7 @@ RETURNING id
 # expired counts and is recorded as an error. (The exponent is clamped so power() cannot overflow.) Bounded, and SKIP LOCKED so several workers sweeping
 # at once split the work instead of queueing behind each other. A job whose cancel was asked
 # for (its worker died before it learned, or before it wrote the end) ends cancelled.
+# A django.tasks job also returns its task's path, for the name it is logged under.
 RESCUE_EXPIRED = """
 WITH expired AS MATERIALIZED (
     SELECT id FROM dbqueue_job
@@ -787,7 +788,9 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
         'at', now()))
 FROM expired
 WHERE j.id = expired.id
-RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_by
+RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_by,
+          CASE WHEN j.type = 'django.tasks' AND jsonb_typeof(j.payload -> 'task') = 'string'
+               THEN j.payload ->> 'task' END
 """
 
 # The worker's status line: due backlog of its queues, counted up to a bound so that a huge
