@@ -10,8 +10,8 @@ Two sources, one exposition:
   pays nothing. With ``--processes`` every child writes to ``PROMETHEUS_MULTIPROC_DIR`` and the
   parent serves their sum (prometheus_client's multiprocess mode).
 - **The table** gives the gauges (depth by queue and state, oldest due job, stuck jobs, dead
-  letters, workers holding jobs and their heartbeat age, unconfirmed deliveries) from ONE
-  statement (``sql.METRICS_SNAPSHOT``), run at most once per ``METRICS_CACHE`` seconds per
+  letters, how long a queue has been paused, workers holding jobs and their heartbeat age,
+  unconfirmed deliveries) from ONE statement (``sql.METRICS_SNAPSHOT``), run at most once per ``METRICS_CACHE`` seconds per
   process on a connection of its own, however often the endpoint is scraped.
 
 Exposed by ``run_jobqueue --metrics-port PORT`` and by :func:`metrics_view` (mount it in your
@@ -225,6 +225,11 @@ class TableCollector:
             "Age of the oldest due job of the queue (0 when none is due).",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            "dbqueue_queue_paused_seconds",
+            "Seconds since the queue was paused (0 while it is claimed).",
+            labels=["queue"],
+        )
         held = GaugeMetricFamily(
             "dbqueue_worker_jobs", "Running jobs held by each worker.", labels=["worker"]
         )
@@ -253,8 +258,9 @@ class TableCollector:
             for state in ("due", "scheduled", "waiting", "running", "stuck", "dead"):
                 jobs.add_metric([name, state], values.get(state) or 0.0)
             oldest.add_metric([name], values.get("oldest_due_seconds") or 0.0)
+            paused.add_metric([name], values.get("paused_seconds") or 0.0)
         workers.add_metric([], float(len(worker_ids)))
-        yield from (jobs, oldest, workers, held, beat, deliveries)
+        yield from (jobs, oldest, paused, workers, held, beat, deliveries)
 
 
 def table_collector():

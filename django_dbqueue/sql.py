@@ -1100,7 +1100,8 @@ WHERE l.scope = %(scope)s AND l.name = %(name)s AND l.part = %(part)s
 # STATUS_COUNTS, each part reads one state through that state's partial index (claim, lease,
 # dead-per-queue, unconfirmed deliveries), never the finished rows, so the cost follows the live
 # backlog and not the history. Done, sent and failed rows are left out for that reason: counting
-# them would scan what retention keeps; the workers' counters say how many finished.
+# them would scan what retention keeps; the workers' counters say how many finished. Paused
+# queues (a few rows of dbqueue_queue) give the seconds since each was paused.
 METRICS_SNAPSHOT = """
 SELECT 'queue', p.queue, v.label, v.value
 FROM (
@@ -1138,6 +1139,10 @@ CROSS JOIN LATERAL (VALUES ('jobs', w.jobs::float8), ('heartbeat_age_seconds',
 UNION ALL
 SELECT 'delivery', 'recorded', 'count', count(*)::float8
 FROM dbqueue_delivery WHERE state = 'recorded'
+UNION ALL
+SELECT 'queue', name, 'paused_seconds',
+       GREATEST(EXTRACT(EPOCH FROM now() - COALESCE(changed_at, now())), 0)::float8
+FROM dbqueue_queue WHERE paused
 """
 
 # Scheduler -------------------------------------------------------------------------------------
