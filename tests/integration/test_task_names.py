@@ -15,7 +15,7 @@ from django.urls import reverse
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_dbqueue import dashboard, joblog, metrics, names
+from django_dbqueue import dashboard, joblog, metrics, names, signals
 from django_dbqueue.rollup import Rollup
 from django_dbqueue.sweeper import Sweeper
 from tests.utils import job_row, wait_until
@@ -100,6 +100,12 @@ def test_metrics_log_lines_and_signals_name_a_known_task(tasks, start_worker, ca
     caplog.set_level(logging.INFO, logger="django_dbqueue.jobs")
     assert joblog.connect()
     before = scrape()
+    seen = []
+    signals.job_succeeded.connect(
+        lambda sender, **kw: seen.append((kw["job_type"], kw["job_name"])),
+        weak=False,
+        dispatch_uid="test-names",
+    )
     try:
         result = tasks.add.enqueue(2, 3)
         start_worker()
@@ -115,6 +121,8 @@ def test_metrics_log_lines_and_signals_name_a_known_task(tasks, start_worker, ca
         )
     finally:
         joblog.disconnect()
+        signals.job_succeeded.disconnect(dispatch_uid="test-names")
+    assert ("django.tasks", ADD) in seen
     assert value(samples, "dbqueue_jobs_started_total", type=ADD, queue="default") >= 1
     line = next(r.getMessage() for r in caplog.records if f"job={result.id} " in r.getMessage())
     assert f"type={ADD} " in line
