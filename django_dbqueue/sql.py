@@ -1200,8 +1200,9 @@ JOB_NAME_SQL = """CASE WHEN j.type = 'django.tasks' AND jsonb_typeof(j.payload -
 # attempt. A job that failed at or after %(from)s is now, whatever happened to it since:
 # - finished (done, dead or cancelled) at or after %(from)s: dbqueue_job_finished_idx;
 # - pending with run_after at or after %(from)s: a failure, a requeue and a run-now set
-#   run_after to now() or later, and a release keeps it (a pass over the pending rows, as the
-#   depth sample makes anyway);
+#   run_after to now() or later, and a release keeps it; with an error, so that
+#   dbqueue_job_retried_idx (pending rows with an error history) serves it, not a pass over
+#   every pending row or, worse, a scan of the table;
 # - running: few rows, dbqueue_job_lease_idx.
 # Only the rows with an error are unpacked.
 FAILED_ATTEMPTS_SQL = (
@@ -1214,7 +1215,7 @@ FROM (
     WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= %(from)s
     UNION ALL
     SELECT queue, type, payload, errors, finished_at FROM dbqueue_job
-    WHERE state = 'pending' AND run_after >= %(from)s
+    WHERE state = 'pending' AND NOT (errors = '[]'::jsonb) AND run_after >= %(from)s
     UNION ALL
     SELECT queue, type, payload, errors, finished_at FROM dbqueue_job WHERE state = 'running'
 ) AS j

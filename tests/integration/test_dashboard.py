@@ -2,6 +2,8 @@
 without the rollup, after retention; the rollup's once-a-minute rule; the worker list; the
 page's permission; a real worker writing the rollup."""
 
+import json
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
@@ -310,3 +312,22 @@ def test_failed_attempts_count_once_at_their_time_through_a_requeue(settings):
         ("fail", 1, 0, 2),
         ("noop", 1, 0, 0),
     ]
+
+
+def test_failed_attempts_are_read_through_indexes_not_a_scan_of_the_table():
+    """The failed attempts read the pending rows with an error history through
+    dbqueue_job_retried_idx: their cost follows the retries, not the backlog or the history."""
+    from django_dbqueue import sql
+
+    insert("done", count=20000, ago=7200)
+    insert("pending", count=20000, ago=-600)
+    insert("pending", count=20, ago=-600, errors=1)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE dbqueue_job")
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + sql.FAILED_ATTEMPTS_SQL,
+            {"from": scalar("SELECT date_trunc('minute', now())")},
+        )
+        plan = json.dumps(cursor.fetchone()[0])
+    assert "dbqueue_job_retried_idx" in plan
+    assert '"Seq Scan"' not in plan, plan
