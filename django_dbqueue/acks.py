@@ -154,7 +154,7 @@ class Acknowledger:
                     "dbqueue could not acknowledge job=%s type=%s attempt=%s; the sweeper will "
                     "take it back when its lease expires",
                     entry.ctx.id,
-                    entry.ctx.type,
+                    entry.ctx.name,
                     entry.ctx.attempt,
                 )
                 return 0
@@ -189,7 +189,7 @@ class Acknowledger:
                 logger.debug(
                     "dbqueue succeeded job=%s type=%s attempt=%s",
                     entry.ctx.id,
-                    entry.ctx.type,
+                    entry.ctx.name,
                     entry.ctx.attempt,
                 )
         return len(matched)
@@ -236,7 +236,7 @@ class Acknowledger:
             logger.exception(
                 "dbqueue could not record the failure of job=%s type=%s attempt=%s (try %d)",
                 ctx.id,
-                ctx.type,
+                ctx.name,
                 ctx.attempt,
                 failure.tries,
             )
@@ -245,7 +245,7 @@ class Acknowledger:
                     "dbqueue gave up recording the failure of job=%s type=%s attempt=%s; the "
                     "sweeper will take it back when its lease expires",
                     ctx.id,
-                    ctx.type,
+                    ctx.name,
                     ctx.attempt,
                 )
                 return False
@@ -266,7 +266,7 @@ class Acknowledger:
         logger.warning(
             "dbqueue cancelled job=%s type=%s attempt=%s by %s%s",
             ctx.id,
-            ctx.type,
+            ctx.name,
             ctx.attempt,
             cancelled_by or "?",
             f" (its run ended with {error['class']}: {error['message']})" if error else "",
@@ -288,7 +288,7 @@ class Acknowledger:
             logger.error(
                 "dbqueue dead job=%s type=%s attempt=%s/%s: %s: %s",
                 ctx.id,
-                ctx.type,
+                ctx.name,
                 ctx.attempt,
                 ctx.max_attempts,
                 error["class"],
@@ -301,7 +301,7 @@ class Acknowledger:
                 "dbqueue deferred job=%s type=%s attempt=%s: no handler on this worker; back to "
                 "pending in %gs for a worker that has one (the attempt is not spent)",
                 ctx.id,
-                ctx.type,
+                ctx.name,
                 ctx.attempt,
                 self.unknown_type_delay,
             )
@@ -312,7 +312,7 @@ class Acknowledger:
             logger.warning(
                 "dbqueue retried job=%s type=%s attempt=%s/%s in %.1fs: %s: %s",
                 ctx.id,
-                ctx.type,
+                ctx.name,
                 ctx.attempt,
                 ctx.max_attempts,
                 failure.delay,
@@ -333,7 +333,7 @@ class Acknowledger:
             "dbqueue fenced job=%s type=%s attempt=%s: %s discarded, the lease was lost and the "
             "job belongs to another attempt",
             entry.ctx.id,
-            entry.ctx.type,
+            entry.ctx.name,
             entry.ctx.attempt,
             what,
         )
@@ -342,6 +342,7 @@ class Acknowledger:
         signals.send(
             signal,
             ctx.type,
+            job_name=ctx.name,
             job_id=ctx.id,
             queue=ctx.queue,
             attempt=ctx.attempt,

@@ -13,7 +13,8 @@ from django.contrib.admin.actions import delete_selected
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import DatabaseError
-from django.db.models import Q
+from django.db.models import Case, CharField, Q, When
+from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Now
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -21,7 +22,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from . import cancellation, charts, dashboard, registry, store, wakeup
+from . import cancellation, charts, dashboard, names, registry, store, wakeup
 from .conf import get_settings
 from .models import UNIQUE_HELD, BackgroundJob, DeadLetter, JobDelivery
 from .states import FINISHED_STATES, DeliveryState, JobState
@@ -39,14 +40,29 @@ class CappedCountPaginator(Paginator):
 
 
 class TypeFilter(admin.SimpleListFilter):
+    """By registered type, or by the task of a ``django.tasks`` job (``?type=task:<path>``).
+
+    The choices are the registered types and the ``@task``s this process knows (names.py), not
+    a ``SELECT DISTINCT``; any task path typed into the URL filters as well, compared as text.
+    """
+
     title = "type"
     parameter_name = "type"
 
     def lookups(self, request, model_admin):
-        return [(name, name) for name in sorted(registry.all_types())]
+        choices = [(name, name) for name in sorted(registry.all_types())]
+        return choices + [(TASK_PREFIX + path, path) for path in names.known_tasks()]
 
     def queryset(self, request, queryset):
-        return queryset.filter(type=self.value()) if self.value() else queryset
+        value = self.value()
+        if not value:
+            return queryset
+        if value.startswith(TASK_PREFIX) and registry.get(value) is None:
+            return queryset.filter(type=names.TASKS_TYPE, payload__task=value[len(TASK_PREFIX) :])
+        return queryset.filter(type=value)
+
+
+TASK_PREFIX = "task:"
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -117,7 +133,7 @@ def _pre(value):
 class BackgroundJobAdmin(admin.ModelAdmin):
     list_display = [
         "id",
-        "type",
+        "type_display",
         "queue",
         "state",
         "attempts_display",
@@ -253,7 +269,13 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             )
 
     def get_queryset(self, request):
-        return super().get_queryset(request).defer("payload", "result")
+        # The payload stays deferred (it can be large); a django.tasks job's task path comes
+        # as one short annotation, for the type column.
+        task = Case(
+            When(type=names.TASKS_TYPE, then=KeyTextTransform("task", "payload")),
+            output_field=CharField(),
+        )
+        return super().get_queryset(request).defer("payload", "result").annotate(task_path=task)
 
     def get_search_results(self, request, queryset, search_term):
         found = _exact_search(queryset, search_term, "idempotency_key")
@@ -276,6 +298,15 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         if obj.state in FINISHED_STATES:
             return f"no: it is {obj.state}"
         return "no: it has started (held only until then, unique_while='pending')"
+
+    @admin.display(description="type", ordering="type")
+    def type_display(self, obj):
+        """The type, or a ``django.tasks`` job's task path as stored (text: never resolved or
+        imported), marked as such."""
+        path = getattr(obj, "task_path", None)
+        if not path or obj.type != names.TASKS_TYPE:
+            return obj.type
+        return format_html('{} <span class="quiet">({})</span>', path, names.TASKS_TYPE)
 
     @admin.display(description="attempts")
     def attempts_display(self, obj):
@@ -477,7 +508,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
 class DeadLetterAdmin(BackgroundJobAdmin):
     """The dead letters: jobs that spent their attempts or were discarded. Newest death first."""
 
-    list_display = ["id", "type", "queue", "attempts_display", "finished_at", "last_error"]
+    list_display = ["id", "type_display", "queue", "attempts_display", "finished_at", "last_error"]
     list_filter = [QueueFilter, TypeFilter]
     ordering = ["-finished_at", "-id"]
     actions = ["requeue", "delete_finished"]

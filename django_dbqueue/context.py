@@ -3,13 +3,15 @@
 import contextlib
 import json
 
+from . import names
 from .exceptions import JobCancelled
 
 
 class JobContext:
     """The claimed job, as a handler sees it.
 
-    ``id``, ``type``, ``queue``, ``payload`` (the decoded JSON), ``attempt`` (1 on the first run),
+    ``id``, ``type``, ``name`` (what logs and metrics call the job: the type, or a
+    ``django.tasks`` job's task path when this process knows the task), ``queue``, ``payload`` (the decoded JSON), ``attempt`` (1 on the first run),
     ``max_attempts``, ``idempotency_key`` (or ``None``), ``priority``, ``enqueued_at``,
     ``worker_id``, ``using`` (the database alias of the queue), ``wait`` (seconds from the moment
     the job came due to its claim) and ``traceparent`` (the enqueuer's W3C trace context, or
@@ -29,6 +31,7 @@ class JobContext:
         "idempotency_key",
         "lease_seconds",
         "max_attempts",
+        "name",
         "payload",
         "priority",
         "queue",
@@ -42,6 +45,9 @@ class JobContext:
     def __init__(self, row, *, worker_id, using):
         self.id = row.id
         self.type = row.type
+        # What logs and metrics call it: for a django.tasks job, its task's path when this
+        # process knows that task (names.label); else the type. One comparison per job.
+        self.name = names.label(row.type, row.payload)
         self.queue = row.queue
         self.payload = row.payload
         self.attempt = row.attempt

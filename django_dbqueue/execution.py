@@ -263,7 +263,7 @@ class ThreadPool:
                 "dbqueue: handler thread stuck in job=%s type=%s past its timeout; starting a "
                 "replacement (%d stuck now, at most %d)",
                 entry.ctx.id,
-                entry.ctx.type,
+                entry.ctx.name,
                 stuck,
                 self.hung_limit,
             )

@@ -45,7 +45,7 @@ class Heartbeat:
             logger.warning(
                 "dbqueue lease lost job=%s type=%s attempt=%s: the sweeper took it back; %s",
                 entry.ctx.id,
-                entry.ctx.type,
+                entry.ctx.name,
                 entry.ctx.attempt,
                 "this run's outcome will be discarded"
                 if entry.started is not None
@@ -84,7 +84,7 @@ class Heartbeat:
             logger.warning(
                 "dbqueue timeout job=%s type=%s attempt=%s after %gs%s",
                 ctx.id,
-                ctx.type,
+                ctx.name,
                 ctx.attempt,
                 entry.timeout,
                 "; it stays running until its handler returns (a fleet-wide limit or a serial "

@@ -17,12 +17,14 @@ logger = logging.getLogger("django_dbqueue.jobs")
 DISPATCH_UID = "django_dbqueue.joblog"
 
 
-def log_success(sender, *, job_id, job_type, queue, attempt, duration=None, **kwargs):
+def log_success(
+    sender, *, job_id, job_type, queue, attempt, duration=None, job_name=None, **kwargs
+):
     if logger.isEnabledFor(logging.INFO):
         logger.info(
             "dbqueue done job=%s type=%s queue=%s attempt=%s in %s",
             job_id,
-            job_type,
+            job_name or job_type,
             queue,
             attempt,
             "?" if duration is None else f"{duration:.3f}s",

@@ -4,13 +4,14 @@ Two sources, one exposition:
 
 - **The workers** count what they run: receivers of the job signals (``signals.py``) feed
   counters of jobs started, succeeded, retried and dead, and histograms of run duration and
-  queue wait, labelled by type and queue. They are connected by :func:`install`, which
-  ``run_jobqueue --metrics-port`` calls; without it the worker sends its signals to nobody and
+  queue wait, labelled by type and queue (a ``django.tasks`` job's type label is its task's
+  path when the worker knows that task: ``names.label``). They are connected by
+  :func:`install`, which ``run_jobqueue --metrics-port`` calls; without it the worker sends its signals to nobody and
   pays nothing. With ``--processes`` every child writes to ``PROMETHEUS_MULTIPROC_DIR`` and the
   parent serves their sum (prometheus_client's multiprocess mode).
 - **The table** gives the gauges (depth by queue and state, oldest due job, stuck jobs, dead
-  letters, the live workers from the registry with their jobs and heartbeat age, unconfirmed
-  deliveries) from ONE
+  letters, how long a queue has been paused, the live workers from the registry with their
+  jobs and heartbeat age, unconfirmed deliveries) from ONE
   statement (``sql.METRICS_SNAPSHOT``), run at most once per ``METRICS_CACHE`` seconds per
   process on a connection of its own, however often the endpoint is scraped.
 
@@ -96,27 +97,31 @@ class _WorkerMetrics:
             buckets=WAIT_BUCKETS,
         )
 
-    def on_started(self, sender, *, job_type, queue, wait=None, **kwargs):
-        self.started.labels(job_type, queue).inc()
+    # The ``type`` label is the signal's ``job_name`` (names.label): the type, or a django.tasks
+    # job's task path when the worker knows that task, never a path only a row carries, so the
+    # label takes at most one value per job type and @task defined in the code.
+    def on_started(self, sender, *, job_type, queue, wait=None, job_name=None, **kwargs):
+        name = job_name or job_type
+        self.started.labels(name, queue).inc()
         if wait is not None:
-            self.wait.labels(job_type, queue).observe(max(0.0, wait))
+            self.wait.labels(name, queue).observe(max(0.0, wait))
 
     def _outcome(self, counter, outcome, job_type, queue, duration):
         counter.labels(job_type, queue).inc()
         if duration is not None:
             self.duration.labels(job_type, queue, outcome).observe(duration)
 
-    def on_succeeded(self, sender, *, job_type, queue, duration=None, **kwargs):
-        self._outcome(self.succeeded, "succeeded", job_type, queue, duration)
+    def on_succeeded(self, sender, *, job_type, queue, duration=None, job_name=None, **kwargs):
+        self._outcome(self.succeeded, "succeeded", job_name or job_type, queue, duration)
 
-    def on_failed(self, sender, *, job_type, queue, duration=None, **kwargs):
-        self._outcome(self.failed, "retried", job_type, queue, duration)
+    def on_failed(self, sender, *, job_type, queue, duration=None, job_name=None, **kwargs):
+        self._outcome(self.failed, "retried", job_name or job_type, queue, duration)
 
-    def on_dead(self, sender, *, job_type, queue, duration=None, **kwargs):
-        self._outcome(self.dead, "dead", job_type, queue, duration)
+    def on_dead(self, sender, *, job_type, queue, duration=None, job_name=None, **kwargs):
+        self._outcome(self.dead, "dead", job_name or job_type, queue, duration)
 
-    def on_cancelled(self, sender, *, job_type, queue, duration=None, **kwargs):
-        self._outcome(self.cancelled, "cancelled", job_type, queue, duration)
+    def on_cancelled(self, sender, *, job_type, queue, duration=None, job_name=None, **kwargs):
+        self._outcome(self.cancelled, "cancelled", job_name or job_type, queue, duration)
 
 
 _lock = threading.Lock()
@@ -221,6 +226,11 @@ class TableCollector:
             "Age of the oldest due job of the queue (0 when none is due).",
             labels=["queue"],
         )
+        paused = GaugeMetricFamily(
+            "dbqueue_queue_paused_seconds",
+            "Seconds since the queue was paused (0 while it is claimed).",
+            labels=["queue"],
+        )
         held = GaugeMetricFamily(
             "dbqueue_worker_jobs",
             "Running jobs held by each worker in the registry.",
@@ -256,7 +266,8 @@ class TableCollector:
             for state in ("due", "scheduled", "waiting", "running", "stuck", "dead"):
                 jobs.add_metric([name, state], values.get(state) or 0.0)
             oldest.add_metric([name], values.get("oldest_due_seconds") or 0.0)
-        yield from (jobs, oldest, workers, held, beat, deliveries)
+            paused.add_metric([name], values.get("paused_seconds") or 0.0)
+        yield from (jobs, oldest, paused, workers, held, beat, deliveries)
 
 
 def table_collector():

@@ -224,6 +224,15 @@ class BackgroundJob(models.Model):
                 name="dbqueue_job_serial_idx",
                 condition=Q(serial_key__isnull=False, state__in=["pending", "running"]),
             ),
+            # The failed attempts the rollup and the dashboard count (sql.FAILED_ATTEMPTS_SQL):
+            # pending rows with an error history (retries, requeued jobs), by run_after. A new
+            # job (no error) and every claimed one is outside it: enqueue and claim write no
+            # entry; a failure that sends a job back to pending writes one.
+            models.Index(
+                fields=["run_after"],
+                name="dbqueue_job_retried_idx",
+                condition=Q(state=JobState.PENDING) & ~Q(errors=[]),
+            ),
             # Retention and the dead-letter views: finished rows by age.
             models.Index(
                 fields=["state", "finished_at"],

@@ -186,7 +186,7 @@ class ProcessPool(ThreadPool):
                 "dbqueue: killing the handler process (pid %s) of job=%s type=%s: past its timeout",
                 child.process.pid,
                 entry.ctx.id,
-                entry.ctx.type,
+                entry.ctx.name,
             )
             child.signal_kill()  # the slot's thread sees the end of file and cleans up
 

@@ -54,7 +54,7 @@ def release(w, entries, why):
                         "dbqueue %s job=%s type=%s attempt=%s (%s)",
                         "released" if ended[entry.ctx.id] == "pending" else "cancelled",
                         entry.ctx.id,
-                        entry.ctx.type,
+                        entry.ctx.name,
                         entry.ctx.attempt,
                         why,
                     )

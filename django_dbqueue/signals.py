@@ -2,8 +2,9 @@
 
 The ``sender`` is the job type's handler function (so ``job_dead.connect(page_someone,
 sender=send_invoice_email)`` listens to one type), or the type name when no handler is
-registered. Keyword arguments: ``job_id``, ``job_type`` (the name), ``queue``, ``attempt`` and
-``worker_id``; ``job_failed`` and ``job_dead`` add ``error`` (a dict: class, message, traceback)
+registered. Keyword arguments: ``job_id``, ``job_type`` (the name), ``job_name`` (the type, or
+for a ``django.tasks`` job the path of its task when the worker knows that task: what the logs
+and the metrics call it), ``queue``, ``attempt`` and ``worker_id``; ``job_failed`` and ``job_dead`` add ``error`` (a dict: class, message, traceback)
 and ``job_failed`` adds ``retry_in`` (seconds). ``job_cancelled`` (a job ended ``cancelled``
 after a worker claimed it: its cancel was asked for while it ran, or its handler raised
 ``JobCancelled``) adds ``cancelled_by`` (``"admin:<user>"``, ``"api"``, cancel()'s ``by=``,
@@ -33,8 +34,9 @@ job_dead = Signal()  # the job is in the dead letters
 job_cancelled = Signal()  # a claimed job ended cancelled (instead of done, retried or dead)
 
 
-def send(signal, job_type, **kwargs):
-    """Send ``signal`` for a job of type ``job_type`` (a name) to every receiver, robustly."""
+def send(signal, job_type, *, job_name=None, **kwargs):
+    """Send ``signal`` for a job of type ``job_type`` (a name) to every receiver, robustly;
+    ``job_name`` (names.label) defaults to the type."""
     if not signal.receivers:  # the common case: nobody listens, and this runs once per job
         return
     from . import registry
@@ -43,7 +45,9 @@ def send(signal, job_type, **kwargs):
     sender = registered.func if registered is not None else job_type
     if not signal.has_listeners(sender):
         return
-    for receiver, response in signal.send_robust(sender, job_type=job_type, **kwargs):
+    for receiver, response in signal.send_robust(
+        sender, job_type=job_type, job_name=job_name or job_type, **kwargs
+    ):
         if isinstance(response, Exception):
             logger.error(
                 "dbqueue: signal receiver %r raised %r for job=%s type=%s",

@@ -774,6 +774,7 @@ WHERE pid = %(pid)s AND backend_start = %(started)s
 # expired counts and is recorded as an error. (The exponent is clamped so power() cannot overflow.) Bounded, and SKIP LOCKED so several workers sweeping
 # at once split the work instead of queueing behind each other. A job whose cancel was asked
 # for (its worker died before it learned, or before it wrote the end) ends cancelled.
+# A django.tasks job also returns its task's path, for the name it is logged under.
 RESCUE_EXPIRED = """
 WITH expired AS MATERIALIZED (
     SELECT id FROM dbqueue_job
@@ -804,7 +805,9 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
         'at', now()))
 FROM expired
 WHERE j.id = expired.id
-RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_by
+RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_by,
+          CASE WHEN j.type = 'django.tasks' AND jsonb_typeof(j.payload -> 'task') = 'string'
+               THEN j.payload ->> 'task' END
 """
 
 # The worker's status line: due backlog of its queues, counted up to a bound so that a huge
@@ -1130,7 +1133,8 @@ WHERE l.scope = %(scope)s AND l.name = %(name)s AND l.part = %(part)s
 # STATUS_COUNTS, each part reads one state through that state's partial index (claim, lease,
 # dead-per-queue, unconfirmed deliveries), never the finished rows, so the cost follows the live
 # backlog and not the history. Done, sent and failed rows are left out for that reason: counting
-# them would scan what retention keeps; the workers' counters say how many finished.
+# them would scan what retention keeps; the workers' counters say how many finished. Paused
+# queues (a few rows of dbqueue_queue) give the seconds since each was paused.
 METRICS_SNAPSHOT = """
 SELECT 'queue', p.queue, v.label, v.value
 FROM (
@@ -1175,6 +1179,10 @@ GROUP BY q.queue, w.host
 UNION ALL
 SELECT 'delivery', 'recorded', 'count', count(*)::float8
 FROM dbqueue_delivery WHERE state = 'recorded'
+UNION ALL
+SELECT 'queue', name, 'paused_seconds',
+       GREATEST(EXTRACT(EPOCH FROM now() - COALESCE(changed_at, now())), 0)::float8
+FROM dbqueue_queue WHERE paused
 """
 
 # The worker registry (presence.py) -----------------------------------------------------------
@@ -1283,6 +1291,47 @@ FROM dbqueue_job WHERE id = %(id)s AND type = %(type)s
 """
 
 # Dashboard ---------------------------------------------------------------------------------------
+# The name a job is shown and counted under (names.py): its type, or for a ``django.tasks`` job
+# the path of its task as stored in the payload (text only: nothing is resolved or imported),
+# cut to the 200 characters of a type. ``j`` is the job row.
+JOB_NAME_SQL = """CASE WHEN j.type = 'django.tasks' AND jsonb_typeof(j.payload -> 'task') = 'string'
+     THEN left(j.payload ->> 'task', 200) ELSE j.type END"""
+
+# The failed attempts of the jobs that may have failed since %(from)s, one row per error entry,
+# at the time it failed: (queue, name, at). An entry's "at" is the database's now() when it was
+# written (FAIL_JOB, DEFER_UNKNOWN_TYPE, RESCUE_EXPIRED); an entry without one (written by
+# hand) counts at the job's finish. The "Requeued" marker (REQUEUE_JOBS) is not a failed
+# attempt. A job that failed at or after %(from)s is now, whatever happened to it since:
+# - finished (done, dead or cancelled) at or after %(from)s: dbqueue_job_finished_idx;
+# - pending with run_after at or after %(from)s: a failure, a requeue and a run-now set
+#   run_after to now() or later, and a release keeps it; with an error, so that
+#   dbqueue_job_retried_idx (pending rows with an error history) serves it, not a pass over
+#   every pending row or, worse, a scan of the table;
+# - running: few rows, dbqueue_job_lease_idx.
+# Only the rows with an error are unpacked.
+FAILED_ATTEMPTS_SQL = (
+    """
+SELECT j.queue, """
+    + JOB_NAME_SQL
+    + r""" AS type, f.at
+FROM (
+    SELECT queue, type, payload, errors, finished_at FROM dbqueue_job
+    WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= %(from)s
+    UNION ALL
+    SELECT queue, type, payload, errors, finished_at FROM dbqueue_job
+    WHERE state = 'pending' AND NOT (errors = '[]'::jsonb) AND run_after >= %(from)s
+    UNION ALL
+    SELECT queue, type, payload, errors, finished_at FROM dbqueue_job WHERE state = 'running'
+) AS j
+CROSS JOIN LATERAL (
+    SELECT CASE WHEN e.value ->> 'at' ~ '^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d'
+                THEN (e.value ->> 'at')::timestamptz ELSE j.finished_at END AS at
+    FROM jsonb_array_elements(j.errors) AS e
+    WHERE jsonb_typeof(e.value) = 'object' AND NOT (e.value ? 'requeued')
+) AS f
+WHERE j.errors <> '[]'::jsonb AND f.at >= %(from)s"""
+)
+
 # The rollup (rollup.py): once a minute one worker samples each queue's depth and counts the jobs
 # that finished since the previous sample, per minute, queue and type, into dbqueue_finished, so
 # that the dashboard reads a few thousand small rows instead of every finished job, and keeps
@@ -1299,6 +1348,12 @@ FROM dbqueue_job WHERE id = %(id)s AND type = %(type)s
 #   scans of one minute each, in the steady state.
 # - The wait of a finished job is its last claim's (started_at - run_after); width_bucket()
 #   puts it in a bin of %(bounds)s (seconds), kept as {"bin": count}.
+# - Failed attempts are counted once, in the minute each one failed: the error entries whose
+#   "at" lies in the counted range (FAILED_ATTEMPTS_SQL), whatever became of the job since (still
+#   retrying, running again, requeued, done). Counting a finished job's whole error history at
+#   its end counted a requeued job's earlier failures twice, and its "Requeued" marker (not a
+#   failed attempt) once more.
+# - A django.tasks job is counted under its task's path, as stored (JOB_NAME_SQL).
 # ROLLUP_DUE asks first whether the minute is still to do: PostgreSQL JIT-compiles
 # ROLLUP_MINUTE's plan (its estimated cost is the backlog's) even when the guards skip every
 # scan, which measured ~90 ms a pass against ~1 ms for the probe alone.
@@ -1306,7 +1361,8 @@ ROLLUP_DUE = """
 SELECT NOT EXISTS (SELECT 1 FROM dbqueue_depth WHERE minute = date_trunc('minute', now()))
 """
 
-ROLLUP_MINUTE = """
+ROLLUP_MINUTE = (
+    """
 WITH this AS MATERIALIZED (
     SELECT date_trunc('minute', now()) AS minute,
            NOT EXISTS (SELECT 1 FROM dbqueue_depth WHERE minute = date_trunc('minute', now()))
@@ -1340,18 +1396,27 @@ sample AS (
     RETURNING 1
 ),
 finished AS MATERIALIZED (
-    SELECT date_trunc('minute', j.finished_at) AS minute, j.queue, j.type,
+    SELECT date_trunc('minute', j.finished_at) AS minute, j.queue, """
+    + JOB_NAME_SQL
+    + """ AS type,
            width_bucket(EXTRACT(EPOCH FROM j.started_at - j.run_after)::float8,
                         %(bounds)s::float8[]) AS bin,
            count(*) FILTER (WHERE j.state = 'done') AS done,
            count(*) FILTER (WHERE j.state = 'dead') AS dead,
            count(*) FILTER (WHERE j.state = 'cancelled') AS cancelled,
-           sum(jsonb_array_length(j.errors)) AS failed
+           0 AS failed
     FROM dbqueue_job AS j, this AS t, previous AS p
     WHERE j.state IN ('done', 'dead', 'cancelled')
       AND j.finished_at >= p.minute AND j.finished_at < t.minute
       AND EXISTS (SELECT 1 FROM sample)
     GROUP BY 1, 2, 3, 4
+    UNION ALL
+    SELECT date_trunc('minute', a.at), a.queue, a.type, NULL, 0, 0, 0, count(*)
+    FROM ("""
+    + FAILED_ATTEMPTS_SQL.replace("%(from)s", "(SELECT minute FROM previous)")
+    + """) AS a, this AS t
+    WHERE a.at < t.minute AND EXISTS (SELECT 1 FROM sample)
+    GROUP BY 1, 2, 3
 ),
 rolled AS (
     INSERT INTO dbqueue_finished (
@@ -1367,6 +1432,7 @@ rolled AS (
 )
 SELECT (SELECT count(*) FROM sample), (SELECT count(*) FROM rolled)
 """
+)
 
 # The rollup's retention: rows older than the dashboard's longest window (and a margin), oldest
 # first, bounded like PRUNE_FINISHED. Served by the unique indexes, which start with the minute.
@@ -1402,10 +1468,12 @@ FROM (SELECT date_trunc('minute', now()) - %(window)s * interval '1 second'
                                         + interval '1 minute' AS since) AS s
 """
 
-# Jobs finished per time bucket and type: the rollup's minutes before %(split)s, and the job
+# Jobs finished per time bucket and name (JOB_NAME_SQL), and failed attempts in the bucket
+# each one failed in (FAILED_ATTEMPTS_SQL): the rollup's minutes before %(split)s, and the job
 # table itself from %(split)s on (the minute or so the rollup has not counted yet: a range scan
 # of dbqueue_job_finished_idx). Buckets are numbered from %(since)s in steps of %(step)s seconds.
-DASHBOARD_FINISHED = """
+DASHBOARD_FINISHED = (
+    """
 SELECT floor(EXTRACT(EPOCH FROM r.at - %(since)s) / %(step)s)::int AS bucket, r.type,
        sum(r.done)::bigint, sum(r.dead)::bigint, sum(r.cancelled)::bigint, sum(r.failed)::bigint
 FROM (
@@ -1413,13 +1481,21 @@ FROM (
     FROM dbqueue_finished
     WHERE minute >= %(since)s AND minute < %(split)s
     UNION ALL
-    SELECT finished_at, type, (state = 'done')::int, (state = 'dead')::int,
-           (state = 'cancelled')::int, jsonb_array_length(errors)
-    FROM dbqueue_job
-    WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= %(split)s
+    SELECT j.finished_at, """
+    + JOB_NAME_SQL
+    + """, (j.state = 'done')::int, (j.state = 'dead')::int,
+           (j.state = 'cancelled')::int, 0
+    FROM dbqueue_job AS j
+    WHERE j.state IN ('done', 'dead', 'cancelled') AND j.finished_at >= %(split)s
+    UNION ALL
+    SELECT a.at, a.type, 0, 0, 0, 1
+    FROM ("""
+    + FAILED_ATTEMPTS_SQL.replace("%(from)s", "%(split)s")
+    + """) AS a
 ) AS r
 GROUP BY 1, 2
 """
+)
 
 # Waits per time bucket as histogram bins (see ROLLUP_MINUTE), from the same two sources.
 DASHBOARD_WAITS = """

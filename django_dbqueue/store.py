@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, connections, transaction
 
-from . import sql
+from . import names, sql
 from .connections import DB_ERRORS, connect, reset_connection, side_execute
 
 logger = logging.getLogger("django_dbqueue")
@@ -663,12 +663,14 @@ def release_unknown(using, *, worker, known):
 
 def rescue_expired(using, *, limit, base, factor, cap):
     """Take back up to ``limit`` expired leases; returns ``[(id, type, attempts, state, worker,
-    queue, cancelled_by)]`` (state ``cancelled`` for a job whose cancel was asked for)."""
-    return _execute(
+    queue, cancelled_by, name)]`` (state ``cancelled`` for a job whose cancel was asked for;
+    ``name``: names.label, the type or a known django.tasks task's path)."""
+    rows = _execute(
         using,
         sql.RESCUE_EXPIRED,
         {"limit": limit, "base": float(base), "factor": float(factor), "cap": float(cap)},
     )
+    return [(*row[:7], names.label(row[1], {"task": row[7]})) for row in rows]
 
 
 def count_due(using, queues, bound=10000):

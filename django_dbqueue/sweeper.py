@@ -78,12 +78,13 @@ class Sweeper:
                 factor=conf.BACKOFF_FACTOR,
                 cap=conf.BACKOFF_CAP,
             )
-            for job_id, job_type, attempts, state, worker, queue, cancelled_by in rows:
+            for job_id, job_type, attempts, state, worker, queue, cancelled_by, name in rows:
                 if state == "cancelled":
                     counts["cancelled"] += 1
                     signals.send(
                         signals.job_cancelled,
                         job_type,
+                        job_name=name,
                         job_id=job_id,
                         queue=queue,
                         attempt=attempts,
@@ -100,7 +101,7 @@ class Sweeper:
                         "dbqueue swept job=%s type=%s attempt=%s to cancelled: its cancel was "
                         "asked for and its lease expired (worker %s)",
                         job_id,
-                        job_type,
+                        name,
                         attempts,
                         worker,
                     )
@@ -109,6 +110,7 @@ class Sweeper:
                     signals.send(
                         signals.job_dead,
                         job_type,
+                        job_name=name,
                         job_id=job_id,
                         queue=queue,
                         attempt=attempts,
@@ -123,7 +125,7 @@ class Sweeper:
                     logger.error(
                         "dbqueue swept job=%s type=%s attempt=%s to dead: lease expired (worker %s)",
                         job_id,
-                        job_type,
+                        name,
                         attempts,
                         worker,
                     )
@@ -133,7 +135,7 @@ class Sweeper:
                         "dbqueue swept job=%s type=%s attempt=%s back to pending: lease expired "
                         "(worker %s)",
                         job_id,
-                        job_type,
+                        name,
                         attempts,
                         worker,
                     )

@@ -336,6 +336,7 @@ class Worker:
             signals.send(
                 signals.job_started,
                 ctx.type,
+                job_name=ctx.name,
                 job_id=ctx.id,
                 queue=ctx.queue,
                 attempt=ctx.attempt,
@@ -355,7 +356,7 @@ class Worker:
                 "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, the lease "
                 "was lost and the job belongs to another attempt",
                 entry.ctx.id,
-                entry.ctx.type,
+                entry.ctx.name,
                 entry.ctx.attempt,
             )
         elif entry.given_up:
@@ -455,7 +456,7 @@ class Worker:
             logger.info(
                 "dbqueue cancelling job=%s type=%s attempt=%s: telling its handler",
                 entry.ctx.id,
-                entry.ctx.type,
+                entry.ctx.name,
                 entry.ctx.attempt,
             )
             self.pool.cancel(entry)

@@ -2,12 +2,15 @@
 without the rollup, after retention; the rollup's once-a-minute rule; the worker list; the
 page's permission; a real worker writing the rollup."""
 
+import json
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.urls import reverse
 
 from django_dbqueue import dashboard, store
+from django_dbqueue.models import FinishedMinute
 from django_dbqueue.rollup import WAIT_BOUNDS, Rollup
 from tests.utils import scalar, wait_until
 
@@ -217,3 +220,114 @@ def test_type_names_are_escaped_in_the_charts(client):
 
 def test_bounds_match_the_rollup():
     assert list(WAIT_BOUNDS) == sorted(WAIT_BOUNDS)
+
+
+# Failed attempts through a requeue -------------------------------------------------------------
+
+
+def travel(minutes):
+    """Move every stored time (jobs, their error entries, the rollup) back by ``minutes``: as
+    if that much time had passed, so the next rollup is in a later minute than the last."""
+    shift = {"d": f"{minutes} minutes"}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE dbqueue_job SET created_at = created_at - %(d)s::interval,
+                run_after = run_after - %(d)s::interval,
+                started_at = started_at - %(d)s::interval,
+                finished_at = finished_at - %(d)s::interval,
+                errors = (SELECT COALESCE(jsonb_agg(
+                              CASE WHEN e ? 'at' THEN jsonb_set(e, '{at}',
+                                   to_jsonb((e ->> 'at')::timestamptz - %(d)s::interval))
+                                   ELSE e END ORDER BY n), '[]')
+                          FROM jsonb_array_elements(errors) WITH ORDINALITY AS x(e, n))
+            """,
+            shift,
+        )
+        cursor.execute("UPDATE dbqueue_depth SET minute = minute - %(d)s::interval", shift)
+        cursor.execute("UPDATE dbqueue_finished SET minute = minute - %(d)s::interval", shift)
+
+
+def claim_one(job_id):
+    token = store.new_token()
+    rows = store.claim(
+        "default", worker_id="w:1:a", queues=["default"], limits=[10], limit=1, token=token
+    )
+    assert [row.id for row in rows] == [job_id]
+    return token
+
+
+def fail_once(job_id):
+    error = {"class": "ValueError", "message": "boom", "traceback": ""}
+    return store.fail("default", job_id=job_id, token=claim_one(job_id), error=error, delay=0)
+
+
+def failures(data):
+    return sorted(data.failures)
+
+
+def test_failed_attempts_count_once_at_their_time_through_a_requeue(settings):
+    """A job fails 8 times (dead), is requeued, fails twice more and succeeds: 10 failed
+    attempts and one dead letter, whether read from the job table or from the rollup run in
+    later minutes; the "Requeued" marker is not a failed attempt. A job that failed and is
+    retried later is counted once, while it waits, not again when it finishes."""
+    from django_dbqueue.enqueue import enqueue
+
+    settings.DBQUEUE = {"QUEUES": {"default": {}}}
+    failing = enqueue("fail", {}, max_attempts=8).id
+    retried = enqueue("noop", {}, max_attempts=3, priority=-1).id  # claimed last
+    assert Rollup().run_once()["sampled"] == 1  # this minute's sample: the counting starts
+    for _ in range(7):
+        assert fail_once(failing) == "pending"
+    assert fail_once(failing) == "dead"
+    assert fail_once(retried) == "pending"
+    assert failures(dashboard.build(hours=1)) == [("fail", 1, 8), ("noop", 0, 1)]
+
+    travel(2)
+    assert Rollup().run_once()["rolled"] == 2  # fail and noop, in the minute they failed
+    data = dashboard.build(hours=1)
+    assert data.from_table_since > data.starts[0]
+    assert failures(data) == [("fail", 1, 8), ("noop", 0, 1)]
+
+    assert store.requeue("default", [failing]) == {failing: "default"}
+    assert fail_once(failing) == "pending"
+    assert fail_once(failing) == "pending"
+    assert store.complete("default", [(failing, claim_one(failing), None)]) == {failing}
+    assert store.complete("default", [(retried, claim_one(retried), None)]) == {retried}
+    # Read from the rollup (the minutes before) and the job table (this minute) together.
+    assert failures(dashboard.build(hours=1)) == [("fail", 1, 10), ("noop", 0, 1)]
+
+    travel(2)
+    Rollup().run_once()
+    assert failures(dashboard.build(hours=1)) == [("fail", 1, 10), ("noop", 0, 1)]
+    # Each failed attempt in the minute it failed: 8 then 2 for fail; done in the second.
+    rows = list(
+        FinishedMinute.objects.order_by("minute", "type").values_list(
+            "type", "done", "dead", "failed_attempts"
+        )
+    )
+    assert rows == [
+        ("fail", 0, 1, 8),
+        ("noop", 0, 0, 1),
+        ("fail", 1, 0, 2),
+        ("noop", 1, 0, 0),
+    ]
+
+
+def test_failed_attempts_are_read_through_indexes_not_a_scan_of_the_table():
+    """The failed attempts read the pending rows with an error history through
+    dbqueue_job_retried_idx: their cost follows the retries, not the backlog or the history."""
+    from django_dbqueue import sql
+
+    insert("done", count=20000, ago=7200)
+    insert("pending", count=20000, ago=-600)
+    insert("pending", count=20, ago=-600, errors=1)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE dbqueue_job")
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + sql.FAILED_ATTEMPTS_SQL,
+            {"from": scalar("SELECT date_trunc('minute', now())")},
+        )
+        plan = json.dumps(cursor.fetchone()[0])
+    assert "dbqueue_job_retried_idx" in plan
+    assert '"Seq Scan"' not in plan, plan

@@ -182,7 +182,7 @@ def test_hung_thread_limit_counts_the_threads_stuck_now_in_either_order():
 
     class Run:  # hashable, like an inflight Entry
         def __init__(self, job_id):
-            self.ctx = types.SimpleNamespace(id=job_id, type="hang")
+            self.ctx = types.SimpleNamespace(id=job_id, type="hang", name="hang")
             self.started = time.monotonic()
 
     entry = Run

@@ -32,7 +32,7 @@ def test_the_watchdog_kills_a_timed_out_child_but_leaves_its_pipe_to_the_slot_th
     for its next child's pipe, failing that next job ("the handler process died")."""
     pool = ProcessPool(worker=None, size=1, hung_limit=1)
     child, other_end = make_child()
-    entry = types.SimpleNamespace(ctx=types.SimpleNamespace(id=7, type="hang"))
+    entry = types.SimpleNamespace(ctx=types.SimpleNamespace(id=7, type="hang", name="hang"))
     pool._children[id(entry)] = child
 
     pool.abandon(entry)
@@ -49,5 +49,5 @@ def test_the_watchdog_kills_a_timed_out_child_but_leaves_its_pipe_to_the_slot_th
 
 def test_abandon_of_a_run_without_a_child_does_nothing():
     pool = ProcessPool(worker=None, size=1, hung_limit=1)
-    entry = types.SimpleNamespace(ctx=types.SimpleNamespace(id=8, type="hang"))
+    entry = types.SimpleNamespace(ctx=types.SimpleNamespace(id=8, type="hang", name="hang"))
     pool.abandon(entry)  # the slot's thread had not registered its child yet: nothing to kill
