@@ -16,6 +16,8 @@ Catch-up after downtime: ticks that came due within the last ``misfire_grace`` s
 """
 
 import datetime
+import difflib
+import json
 import logging
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -26,7 +28,7 @@ from django.db import transaction
 from . import payloads, registry, store, validation
 from .conf import get_settings
 from .enqueue import enqueue
-from .schedule import Schedule
+from .schedule import CATCH_UP_ALL, CATCH_UP_POLICIES, DEFAULT_CATCH_UP_WINDOW, Schedule
 
 __all__ = ["Schedule", "ScheduleError", "Scheduler", "parse_entry", "schedules", "status"]
 
@@ -43,59 +45,75 @@ _ENTRY_KEYS = {
     "queue",
     "priority",
     "catch_up",
+    "catch_up_window",
     "misfire_grace",
     "timezone",
 }
 
 
 class ScheduleError(ValueError):
-    """A malformed ``DBQUEUE["SCHEDULE"]`` entry; ``check_id`` says which system check it is."""
+    """A malformed schedule entry (``DBQUEUE["SCHEDULE"]`` or a stored one): ``check_id`` says
+    which system check it is, ``field`` which key of the entry is wrong (``None``: the entry)."""
 
-    def __init__(self, message, check_id="dbqueue.E010"):
+    def __init__(self, message, check_id="dbqueue.E010", field=None):
         super().__init__(message)
         self.check_id = check_id
+        self.field = field
 
 
-def parse_entry(name, entry, conf):
-    """Validate one ``SCHEDULE`` entry; returns a :class:`Schedule` or raises ScheduleError."""
-    validation.type_name(name, "DBQUEUE['SCHEDULE'] entry name", error=ScheduleError)
-    where = f"DBQUEUE['SCHEDULE'][{name!r}]"
+def _fail(message, check_id="dbqueue.E010", field=None):
+    raise ScheduleError(message, check_id, field)
+
+
+def _wrong(field, check_id="dbqueue.E010"):
+    """An ``error=`` class for the validation helpers that files the error under ``field``."""
+
+    def error(message):
+        return ScheduleError(message, check_id, field)
+
+    return error
+
+
+def parse_entry(name, entry, conf, where=None):
+    """Validate one schedule entry; returns a :class:`Schedule` or raises ScheduleError.
+
+    ``where`` names the entry in messages; ``DBQUEUE['SCHEDULE'][name]`` unless told."""
+    where = where or f"DBQUEUE['SCHEDULE'][{name!r}]"
+    validation.type_name(name, f"{where}: the entry's name", error=_wrong("name"))
     if not isinstance(entry, dict):
-        raise ScheduleError(f"{where} must be a dict, got {validation.shown(entry)}")
+        _fail(f"{where} must be a dict, got {validation.shown(entry)}")
     unknown = set(entry) - _ENTRY_KEYS
     if unknown:
-        raise ScheduleError(
+        _fail(
             f"{where} has unknown keys {sorted(map(str, unknown))}; allowed: {sorted(_ENTRY_KEYS)}"
         )
     job_type = entry.get("type")
     if not isinstance(job_type, str) or registry.get(job_type) is None:
-        raise ScheduleError(
-            f"{where} names job type {validation.shown(job_type)}, which no @job registers",
+        known = sorted(registry.all_types())
+        close = difflib.get_close_matches(str(job_type), known, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        _fail(
+            f"{where} names job type {validation.shown(job_type)}, which no @job registers{hint}",
             "dbqueue.E007",
+            "type",
         )
     cron, every = _timing(where, entry)
     payload = entry.get("payload", {})
     try:
         payloads.check(payload, f"{where}['payload']")
     except payloads.PayloadError as exc:
-        raise ScheduleError(str(exc)) from exc
+        raise ScheduleError(str(exc), field="payload") from exc
     queue = entry.get("queue")
     if queue is not None:
-        validation.queue_name(queue, f"{where}['queue']", error=ScheduleError)
+        validation.queue_name(queue, f"{where}['queue']", error=_wrong("queue"))
         if queue not in conf.QUEUES:
-            raise ScheduleError(f"{where}['queue'] {queue!r} is not in DBQUEUE['QUEUES']")
+            _fail(f"{where}['queue'] {queue!r} is not in DBQUEUE['QUEUES']", field="queue")
     priority = entry.get("priority")
     if priority is not None:
-        validation.priority(priority, f"{where}['priority']", error=ScheduleError)
-    catch_up = validation.integer(
-        entry.get("catch_up", 1),
-        f"{where}['catch_up']",
-        minimum=0,
-        maximum=1000,
-        error=ScheduleError,
-    )
+        validation.priority(priority, f"{where}['priority']", error=_wrong("priority"))
+    catch_up, window = _catch_up(where, entry)
     grace = validation.seconds(
-        entry.get("misfire_grace", 60.0), f"{where}['misfire_grace']", error=ScheduleError
+        entry.get("misfire_grace", 60.0), f"{where}['misfire_grace']", error=_wrong("misfire_grace")
     )
     schedule = Schedule(
         name=name,
@@ -108,40 +126,69 @@ def parse_entry(name, entry, conf):
         catch_up=catch_up,
         misfire_grace=grace,
         timezone=_zone(where, entry.get("timezone")),
+        catch_up_window=window,
     )
     try:
         if schedule.next_tick(datetime.datetime.now(datetime.UTC)) is None:
             raise ValueError("no tick in the next ten years")
     except Exception as exc:  # croniter accepts expressions that never fire, e.g. 30 February
-        raise ScheduleError(
-            f"{where}['cron'] {cron!r} never comes due: {exc}", "dbqueue.E008"
-        ) from None
+        _fail(f"{where}['cron'] {cron!r} never comes due: {exc}", "dbqueue.E008", "cron")
     return schedule
 
 
 def _timing(where, entry):
     """``(cron, every)`` of an entry: exactly one is set."""
     if ("cron" in entry) == ("every" in entry):
-        raise ScheduleError(
+        _fail(
             f"{where} needs exactly one of 'cron' (an expression) or 'every' (seconds)",
             "dbqueue.E008",
+            "cron",
         )
     cron, every = entry.get("cron"), entry.get("every")
     if cron is not None and (not isinstance(cron, str) or not croniter.is_valid(cron)):
-        raise ScheduleError(
-            f"{where}['cron'] {validation.shown(cron)} is not a valid cron expression",
+        _fail(
+            f"{where}['cron'] {validation.shown(cron)} is not a valid cron expression "
+            "(five fields: minute hour day-of-month month day-of-week, such as '0 3 * * *')",
             "dbqueue.E008",
+            "cron",
         )
     if every is not None:
-        try:
-            every = validation.seconds(every, f"{where}['every']", error=ScheduleError)
-        except ScheduleError as exc:
-            raise ScheduleError(str(exc), "dbqueue.E008") from None
+        every = validation.seconds(
+            every, f"{where}['every']", error=_wrong("every", "dbqueue.E008")
+        )
         if every < 1:
-            raise ScheduleError(
-                f"{where}['every'] must be at least 1 second, got {every:g}", "dbqueue.E008"
+            _fail(
+                f"{where}['every'] must be at least 1 second, got {every:g}",
+                "dbqueue.E008",
+                "every",
             )
     return cron, every
+
+
+def _catch_up(where, entry):
+    """``(catch_up, catch_up_window)``: a count of missed ticks to run, or ``"all"``."""
+    policy = entry.get("catch_up", "latest")
+    if isinstance(policy, str):
+        if policy not in CATCH_UP_POLICIES:
+            _fail(
+                f"{where}['catch_up'] must be one of {sorted(CATCH_UP_POLICIES)} or a count of "
+                f"missed ticks, got {validation.shown(policy)}",
+                field="catch_up",
+            )
+        policy = CATCH_UP_POLICIES[policy]
+    else:
+        policy = validation.integer(
+            policy, f"{where}['catch_up']", minimum=0, maximum=1000, error=_wrong("catch_up")
+        )
+    window = entry.get("catch_up_window")
+    if window is None:
+        return policy, DEFAULT_CATCH_UP_WINDOW
+    if policy != CATCH_UP_ALL:
+        _fail(f"{where}['catch_up_window'] applies to catch_up 'all' only", field="catch_up_window")
+    window = validation.seconds(
+        window, f"{where}['catch_up_window']", error=_wrong("catch_up_window")
+    )
+    return policy, window
 
 
 def _zone(where, zone):
@@ -151,9 +198,11 @@ def _zone(where, zone):
     try:
         ZoneInfo(zone)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ScheduleError(
-            f"{where}['timezone'] {validation.shown(zone)} is not a known time zone"
-        ) from None
+        _fail(
+            f"{where}['timezone'] {validation.shown(zone)} is not a known time zone "
+            "(an IANA name such as 'Europe/Berlin' or 'UTC')",
+            field="timezone",
+        )
     return zone
 
 
@@ -169,87 +218,238 @@ def schedules(conf=None):
     return result
 
 
+def stored_entry(
+    *,
+    job_type,
+    cron="",
+    every=None,
+    timezone="",
+    payload=None,
+    queue="",
+    priority=None,
+    catch_up="latest",
+    catch_up_window=None,
+    misfire_grace=60.0,
+):
+    """The ``SCHEDULE``-style dict of a stored entry's columns (an empty text column: unset)."""
+    entry = {"type": job_type, "payload": {} if payload is None else payload}
+    entry["catch_up"] = catch_up
+    entry["misfire_grace"] = misfire_grace
+    optional = {
+        "cron": cron or None,
+        "every": every,
+        "timezone": timezone or None,
+        "queue": queue or None,
+        "priority": priority,
+        "catch_up_window": catch_up_window,
+    }
+    entry.update({key: value for key, value in optional.items() if value is not None})
+    return entry
+
+
+def parse_stored(row, conf):
+    """The :class:`Schedule` of a ``store.StoredEntry``, or raises ScheduleError."""
+    entry = stored_entry(
+        job_type=row.job_type,
+        cron=row.cron,
+        every=row.every,
+        timezone=row.timezone,
+        payload=json.loads(row.payload),
+        queue=row.queue,
+        priority=row.priority,
+        catch_up=row.catch_up,
+        catch_up_window=row.catch_up_window,
+        misfire_grace=row.misfire_grace,
+    )
+    return parse_entry(row.name, entry, conf, where=f"schedule entry {row.name!r}")
+
+
+def enqueue_due(schedule, last_tick, now, using):
+    """Enqueue the ticks of ``schedule`` due at ``now`` since ``last_tick`` (its catch-up policy
+    applied), on ``using``, inside the caller's transaction, which holds the entry's row.
+    Returns ``(Due, newest tick enqueued or None)``."""
+    due = schedule.due(last_tick, now, limit=MAX_ON_TIME_TICKS, count_limit=MAX_MISSED_COUNTED)
+    if due.skipped:
+        logger.warning(
+            "dbqueue schedule %r: skipped %d%s missed ticks from %s to %s (catch_up=%s)",
+            schedule.name,
+            due.skipped,
+            "+" if len(due.missed) >= MAX_MISSED_COUNTED else "",
+            due.missed[0].isoformat(),
+            due.missed[-1].isoformat(),
+            _policy_name(schedule.catch_up),
+        )
+    for tick in due.ticks:
+        enqueue(
+            schedule.type,
+            schedule.payload,
+            queue=schedule.queue,
+            priority=schedule.priority,
+            idempotency_key=schedule.key(tick),
+            using=using,
+        )
+    return due, (due.ticks[-1] if due.ticks else None)
+
+
+def _policy_name(catch_up):
+    names = {value: name for name, value in CATCH_UP_POLICIES.items()}
+    return names.get(catch_up, catch_up)
+
+
 class Scheduler:
+    """Ticks the settings entries and the stored ones. A stored entry's parsed :class:`Schedule`
+    is kept while its definition is unchanged, so a pass parses nothing in the steady state."""
+
     def __init__(self, using=None, *, conf=None):
         self.conf = conf or get_settings()
         self.using = using or self.conf.DATABASE
         self.schedules = schedules(self.conf)
+        self._names = {schedule.name for schedule in self.schedules}
+        self._parsed = {}  # stored entry id -> (definition, Schedule or None when invalid)
 
-    def run_once(self):
+    def run_once(self, db=None):
         """One pass over every entry. Returns ``{"enqueued": n, "skipped": n}``.
 
         A pass with nothing due runs one SELECT in autocommit: no row lock, no transaction id.
+        It runs on ``db`` (the worker passes its own session, so that a worker with nothing due
+        never opens its Django connection); a due entry is ticked on Django's connection.
         """
         counts = {"enqueued": 0, "skipped": 0}
-        if not self.schedules:
-            return counts
-        last, now = store.schedule_state(self.using)
+        last, entries, now = store.schedule_state(db or self.using)
         for schedule in self.schedules:
-            try:
-                if schedule.name not in last:
-                    # First sight: the entry starts from now (no tick before the fleet knew it).
-                    store.ensure_schedule(self.using, schedule.name)
-                    continue
-                if not schedule.ticks_between(last[schedule.name], now, 1):
-                    continue
-                enqueued, skipped = self._tick(schedule)
-            except Exception:
-                # One broken entry must not stop the others (nor the worker's claim loop).
-                logger.exception("dbqueue schedule %r: this pass failed", schedule.name)
+            if schedule.name not in last:
+                # First sight: the entry starts from now (no tick before the fleet knew it).
+                self._guarded(schedule.name, store.ensure_schedule, self.using, schedule.name)
                 continue
-            counts["enqueued"] += enqueued
-            counts["skipped"] += skipped
+            if schedule.ticks_between(last[schedule.name], now, 1):
+                self._add(counts, self._guarded(schedule.name, self._tick, schedule))
+        self._parsed = {e.id: self._parsed.get(e.id) for e in entries}  # forget deleted ones
+        for entry in entries:
+            schedule = self._stored(entry)
+            if schedule is not None and schedule.ticks_between(entry.last_tick, now, 1):
+                self._add(counts, self._guarded(entry.name, self._tick_stored, entry.id))
         return counts
+
+    @staticmethod
+    def _add(counts, result):
+        if result is not None:
+            counts["enqueued"] += result[0]
+            counts["skipped"] += result[1]
+
+    @staticmethod
+    def _guarded(name, func, *args):
+        try:
+            return func(*args)
+        except Exception:
+            # One broken entry must not stop the others (nor the worker's claim loop).
+            logger.exception("dbqueue schedule %r: this pass failed", name)
+            return None
+
+    def _stored(self, entry):
+        """The Schedule of a stored entry, parsed once per definition; ``None`` when invalid."""
+        cached = self._parsed.get(entry.id)
+        if cached is not None and cached[0] == entry.definition():
+            return cached[1]
+        try:
+            if entry.name in self._names:
+                raise ScheduleError(f"DBQUEUE['SCHEDULE'] has an entry named {entry.name!r} too")
+            schedule = parse_stored(entry, self.conf)
+        except ScheduleError as exc:  # logged once per definition, not once per pass
+            logger.error("dbqueue schedule entry %r ignored: %s", entry.name, exc)
+            schedule = None
+        self._parsed[entry.id] = (entry.definition(), schedule)
+        return schedule
 
     def _tick(self, schedule):
         with transaction.atomic(using=self.using):
             row = store.lock_schedule(self.using, schedule.name)
             if row is None:
                 return 0, 0  # another worker is ticking this entry right now
-            last_tick, now = row
-            due = schedule.due(
-                last_tick, now, limit=MAX_ON_TIME_TICKS, count_limit=MAX_MISSED_COUNTED
-            )
-            if due.skipped:
-                logger.warning(
-                    "dbqueue schedule %r: skipped %d%s missed ticks from %s to %s (catch_up=%d)",
-                    schedule.name,
-                    due.skipped,
-                    "+" if len(due.missed) >= MAX_MISSED_COUNTED else "",
-                    due.missed[0].isoformat(),
-                    due.missed[-1].isoformat(),
-                    schedule.catch_up,
-                )
-            for tick in due.ticks:
-                enqueue(
-                    schedule.type,
-                    schedule.payload,
-                    queue=schedule.queue,
-                    priority=schedule.priority,
-                    idempotency_key=schedule.key(tick),
-                    using=self.using,
-                )
+            due, enqueued = enqueue_due(schedule, *row, self.using)
             if due.advance_to is not None:
-                store.advance_schedule(self.using, schedule.name, due.advance_to)
+                store.advance_schedule(self.using, schedule.name, due.advance_to, enqueued)
+            return len(due.ticks), due.skipped
+
+    def _tick_stored(self, entry_id):
+        with transaction.atomic(using=self.using):
+            locked = store.lock_schedule_entry(self.using, entry_id)
+            if locked is None:
+                return 0, 0  # another worker or an edit holds it, or it is disabled or gone
+            entry, now = locked
+            schedule = self._stored(entry)  # the definition in force, edited since the read
+            if schedule is None:
+                return 0, 0
+            due, enqueued = enqueue_due(schedule, entry.last_tick, now, self.using)
+            if due.advance_to is not None:
+                store.advance_schedule_entry(self.using, entry_id, due.advance_to, enqueued)
             return len(due.ticks), due.skipped
 
 
+def _upcoming(schedule, last_tick, now):
+    """The tick the next pass runs first: a missed one the catch-up policy still runs, if any."""
+    try:
+        due = schedule.due(last_tick, now, limit=1, count_limit=1)
+        return (due.ticks[0] if due.ticks else None) or schedule.next_tick(max(last_tick, now))
+    except Exception:
+        return None
+
+
 def status(using=None):
-    """``[(name, last_tick, next_tick)]`` for the status command. ``next_tick`` is the tick the
-    next pass runs first: a missed tick that the catch-up policy will still run, if any."""
+    """Every entry for the status command and the admin, settings entries first: dicts with
+    ``name``, ``source`` (``"settings"`` or ``"database"``), ``enabled``, ``last_tick`` (the
+    tick of the newest job enqueued, ``None``: never), ``next_tick`` (the tick the next pass runs
+    first: a missed tick that the catch-up policy will still run, if any; ``None`` for a disabled
+    or invalid entry) and ``error`` (why an invalid stored entry is ignored)."""
+    from .models import ScheduleEntry
+
     conf = get_settings()
     using = using or conf.DATABASE
-    last, now = store.schedule_state(using)
+    states, now = store.schedule_status(using)
     rows = []
     for schedule in schedules(conf):
-        previous = last.get(schedule.name)
+        watermark, enqueued = states.get(schedule.name, (None, None))
+        upcoming = _upcoming(schedule, watermark or now, now)
+        rows.append(_status_row(schedule.name, "settings", True, enqueued, upcoming))
+    for entry in ScheduleEntry.objects.using(using).order_by("name"):
+        error, upcoming = None, None
         try:
-            upcoming = None
-            if previous is not None:
-                due = schedule.due(previous, now, limit=1, count_limit=1)
-                upcoming = due.ticks[0] if due.ticks else None
-            upcoming = upcoming or schedule.next_tick(max(previous or now, now))
-        except Exception:
-            upcoming = None
-        rows.append((schedule.name, previous, upcoming))
+            if entry.name in conf.SCHEDULE:
+                raise ScheduleError(f"DBQUEUE['SCHEDULE'] has an entry named {entry.name!r} too")
+            schedule = parse_entry(
+                entry.name, entry_dict(entry), conf, where=f"schedule entry {entry.name!r}"
+            )
+            if entry.enabled:
+                upcoming = _upcoming(schedule, entry.last_tick, now)
+        except ScheduleError as exc:
+            error = str(exc)
+        row = _status_row(entry.name, "database", entry.enabled, entry.last_enqueued, upcoming)
+        row["error"] = error
+        rows.append(row)
     return rows
+
+
+def _status_row(name, source, enabled, last_tick, next_tick):
+    return {
+        "name": name,
+        "source": source,
+        "enabled": enabled,
+        "last_tick": last_tick,
+        "next_tick": next_tick,
+        "error": None,
+    }
+
+
+def entry_dict(entry):
+    """The ``SCHEDULE``-style dict of a ``ScheduleEntry`` model instance."""
+    return stored_entry(
+        job_type=entry.job_type,
+        cron=entry.cron,
+        every=entry.every,
+        timezone=entry.timezone,
+        payload=entry.payload,
+        queue=entry.queue,
+        priority=entry.priority,
+        catch_up=entry.catch_up,
+        catch_up_window=entry.catch_up_window,
+        misfire_grace=entry.misfire_grace,
+    )

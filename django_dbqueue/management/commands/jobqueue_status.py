@@ -63,11 +63,11 @@ class Command(BaseCommand):
 
         schedule_rows = [
             {
-                "name": name,
-                "last_tick": last and last.isoformat(),
-                "next_tick": nxt and nxt.isoformat(),
+                **row,
+                "last_tick": row["last_tick"] and row["last_tick"].isoformat(),
+                "next_tick": row["next_tick"] and row["next_tick"].isoformat(),
             }
-            for name, last, nxt in scheduler.status(using)
+            for row in scheduler.status(using)
         ]
         flows = flow.queue_flows(using)
         types = flow.type_flows(using)
@@ -114,10 +114,7 @@ class Command(BaseCommand):
                     line += f", window reopens {reopens.isoformat()}"
                 self.stdout.write(line)
             for row in schedule_rows:
-                self.stdout.write(
-                    f"schedule {row['name']}: last tick {row['last_tick'] or 'never'}, "
-                    f"next tick {row['next_tick'] or 'none'}"
-                )
+                self.stdout.write(schedule_line(row))
             for failure in failures:
                 self.stderr.write(f"FAIL: {failure}")
             if not failures:
@@ -149,3 +146,19 @@ class Command(BaseCommand):
                     for i, (v, w) in enumerate(zip(row, widths, strict=True))
                 )
             )
+
+
+def schedule_line(row):
+    """``schedule <name>: last tick <when or never>, next tick <when or none>`` (stored entries
+    say so, and why they do not tick when disabled or invalid)."""
+    if row["error"]:
+        upcoming = f"none (ignored: {row['error']})"
+    elif not row["enabled"]:
+        upcoming = "none (disabled)"
+    else:
+        upcoming = row["next_tick"] or "none"
+    stored = " (database)" if row["source"] == "database" else ""
+    return (
+        f"schedule {row['name']}{stored}: last tick {row['last_tick'] or 'never'}, "
+        f"next tick {upcoming}"
+    )
