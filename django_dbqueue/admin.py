@@ -633,4 +633,5 @@ def _dashboard_context(request):
     }
 
 
-from . import queue_admin  # noqa: E402, F401  (registers the queue page: flow control)
+# The queue page (flow control) and the schedule page register themselves.
+from . import queue_admin, schedule_admin  # noqa: E402, F401

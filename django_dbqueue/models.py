@@ -404,10 +404,12 @@ class ScheduleEntry(models.Model):
             models.CheckConstraint(
                 condition=(Q(cron="") & Q(every__gte=1)) | (~Q(cron="") & Q(every__isnull=True)),
                 name="dbqueue_schedule_entry_one_timing",
+                violation_error_message="Give exactly one of cron and every (at least 1 second).",
             ),
             models.CheckConstraint(
                 condition=Q(catch_up__in=CatchUp.values),
                 name="dbqueue_schedule_entry_catch_up_valid",
+                violation_error_message="catch-up must be none, latest or all.",
             ),
         ]
 

@@ -54,7 +54,7 @@ class Migration(migrations.Migration):
                 'verbose_name_plural': 'schedule entries',
                 'db_table': 'dbqueue_schedule_entry',
                 'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(models.Q(('cron', ''), ('every__gte', 1)), models.Q(models.Q(('cron', ''), _negated=True), ('every__isnull', True)), _connector='OR'), name='dbqueue_schedule_entry_one_timing'), models.CheckConstraint(condition=models.Q(('catch_up__in', ['none', 'latest', 'all'])), name='dbqueue_schedule_entry_catch_up_valid')],
+                'constraints': [models.CheckConstraint(condition=models.Q(models.Q(('cron', ''), ('every__gte', 1)), models.Q(models.Q(('cron', ''), _negated=True), ('every__isnull', True)), _connector='OR'), name='dbqueue_schedule_entry_one_timing', violation_error_message='Give exactly one of cron and every (at least 1 second).'), models.CheckConstraint(condition=models.Q(('catch_up__in', ['none', 'latest', 'all'])), name='dbqueue_schedule_entry_catch_up_valid', violation_error_message='catch-up must be none, latest or all.')],
             },
         ),
     ]
