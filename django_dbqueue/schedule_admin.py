@@ -24,6 +24,22 @@ _shown = threading.local()  # the status rows computed once per changelist reque
 _FORM_FIELD = {"type": "job_type"}
 
 
+# A valid value for each field, put in place of a wrong one to look for further mistakes.
+_NEUTRAL = {
+    "name": dict,  # (the name is replaced on its own)
+    "type": lambda: {"job_type": next(iter(sorted(registry.all_types())), "")},
+    "cron": lambda: {"cron": "0 0 * * *", "every": None},
+    "every": lambda: {"every": 60.0, "cron": ""},
+    "timezone": lambda: {"timezone": ""},
+    "payload": lambda: {"payload": {}},
+    "queue": lambda: {"queue": ""},
+    "priority": lambda: {"priority": None},
+    "catch_up": lambda: {"catch_up": "latest", "catch_up_window": None},
+    "catch_up_window": lambda: {"catch_up_window": None},
+    "misfire_grace": lambda: {"misfire_grace": 60.0},
+}
+
+
 class DatalistInput(forms.TextInput):
     """A text input that suggests ``options()`` (and accepts anything, for the form to judge)."""
 
@@ -51,13 +67,25 @@ class ScheduleEntryForm(forms.ModelForm):
         cleaned = super().clean()
         if self.errors:
             return cleaned  # the field errors first (a payload that is not JSON, ...)
+        name = cleaned.get("name")
         fields = {key: cleaned.get(key) for key in schedule_entries.DEFAULTS}
-        try:
-            schedule_entries.validate(cleaned.get("name"), fields)
-        except schedule_entries.ScheduleError as exc:
-            field = _FORM_FIELD.get(exc.field, exc.field)
-            self.add_error(field if field in self.fields else None, str(exc))
-        return cleaned
+        # The parser stops at the first mistake; to show every one at once, each field found
+        # wrong is set to a neutral value and the entry checked again.
+        fixed = set()
+        while True:
+            try:
+                schedule_entries.validate(name, fields)
+                return cleaned
+            except schedule_entries.ScheduleError as exc:
+                field = _FORM_FIELD.get(exc.field, exc.field)
+                self.add_error(field if field in self.fields else None, str(exc))
+                if exc.field not in _NEUTRAL or exc.field in fixed:
+                    return cleaned
+                fixed.add(exc.field)
+                if exc.field == "name":
+                    name = "entry"
+                else:
+                    fields.update(_NEUTRAL[exc.field]())
 
 
 class ScheduleEntryAdmin(admin.ModelAdmin):
