@@ -1,18 +1,20 @@
 """Periodic jobs without a leader.
 
-``DBQUEUE["SCHEDULE"]`` names entries with a cron expression or an interval (the tick arithmetic,
-daylight saving included, is in ``schedule.py``). Every worker runs ``Scheduler.run_once()``
-every ``SCHEDULE_INTERVAL`` seconds. Per entry, a row in ``dbqueue_schedule`` holds the last tick
-enqueued. A pass reads every row in one plain SELECT (no lock, no transaction id, no commit to
-flush), and only for an entry with a tick due locks its row with ``FOR UPDATE SKIP LOCKED`` (a
-busy row is simply skipped: another worker is on it), enqueues the due ticks and moves the row
-forward in the same transaction. Each tick's job carries the idempotency key
-``dbqueue-schedule:<name>:<tick>``, so even two workers that computed the same tick make one job.
-Time is the database's ``now()``.
+Entries have a cron expression or an interval (the tick arithmetic, daylight saving included, is
+in ``schedule.py``). They come from ``DBQUEUE["SCHEDULE"]`` (a row of ``dbqueue_schedule`` per
+entry holds how far its ticks are done) and from the database (``dbqueue_schedule_entry``: the
+definition and that state in one row; written through ``schedule_entries.py``). Every worker runs
+``Scheduler.run_once()`` every ``SCHEDULE_INTERVAL`` seconds. A pass reads every row in one
+plain SELECT (no lock, no transaction id, no commit to flush), and only for an entry with a tick
+due locks its row with ``FOR UPDATE SKIP LOCKED`` (a busy row is simply skipped: another worker,
+or an edit, is on it), enqueues the due ticks and moves the row forward in the same transaction.
+Each tick's job carries the idempotency key ``dbqueue-schedule:<name>:<tick>``, so even two
+workers that computed the same tick make one job. Time is the database's ``now()``.
 
 Catch-up after downtime: ticks that came due within the last ``misfire_grace`` seconds (default
-60) are on time and all enqueued; of older, missed ticks only the most recent ``catch_up``
-(default 1) are enqueued, and the rest are skipped with a log line.
+60) are on time and all enqueued; older, missed ticks follow the entry's ``catch_up`` policy
+("none", "latest", the default, or "all" within ``catch_up_window``), and the rest are skipped
+with a log line.
 """
 
 import datetime
