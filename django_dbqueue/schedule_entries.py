@@ -32,7 +32,7 @@ from django.db.models.functions import Now
 
 from . import scheduler, store
 from .conf import get_settings
-from .scheduler import ScheduleError
+from .schedule_parser import ScheduleError
 
 __all__ = [
     "ScheduleError",
