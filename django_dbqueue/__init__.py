@@ -21,6 +21,8 @@ from .exceptions import (
 )
 from .flow import UnknownQueue, pause_queue, resume_queue
 from .registry import job
+from .schedule_entries import schedule_job, unschedule_job, update_schedule
+from .schedule_parser import ScheduleError
 from .workflow import Workflow, WorkflowJob, chain, group, workflow
 
 __version__ = "0.1.0.dev0"
@@ -38,6 +40,7 @@ __all__ = [
     "JobRegistrationError",
     "PayloadError",
     "RetryJob",
+    "ScheduleError",
     "UnknownJobType",
     "UnknownQueue",
     "UnsupportedDatabase",
@@ -53,6 +56,9 @@ __all__ = [
     "job",
     "pause_queue",
     "resume_queue",
+    "schedule_job",
     "settle_delivery",
+    "unschedule_job",
+    "update_schedule",
     "workflow",
 ]

@@ -14,6 +14,7 @@ from croniter import croniter
 from django.conf import settings
 
 from . import payloads, registry, validation
+from .exceptions import DBQueueError
 from .schedule import CATCH_UP_ALL, CATCH_UP_POLICIES, DEFAULT_CATCH_UP_WINDOW, Schedule
 
 __all__ = ["ScheduleError", "entry_dict", "parse_entry", "parse_stored", "stored_entry"]
@@ -32,7 +33,7 @@ _ENTRY_KEYS = {
 }
 
 
-class ScheduleError(ValueError):
+class ScheduleError(DBQueueError, ValueError):
     """A malformed schedule entry (``DBQUEUE["SCHEDULE"]`` or a stored one): ``check_id`` says
     which system check it is, ``field`` which key of the entry is wrong (``None``: the entry)."""
 
