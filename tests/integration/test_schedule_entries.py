@@ -412,3 +412,45 @@ def test_the_admin_respects_the_schedule_permissions(client):
     assert entry.cron == "0 3 * * *" and entry.enabled  # nothing changed
     assert ScheduleEntry.objects.count() == 1
     assert response.status_code in (200, 302)
+
+
+def test_a_worker_killed_while_it_holds_the_entry_loses_nothing_and_doubles_nothing(monkeypatch):
+    """A worker dies (its backend is terminated, as after kill -9) inside its tick: enqueued,
+    not committed. Its transaction rolls back and frees the row; the next pass enqueues the tick
+    once."""
+    schedule_job("hourly", "noop", every=HOUR)
+    tick = one_tick_due("hourly")
+    inside, release = threading.Event(), threading.Event()
+    backend = {}
+    original = scheduler_module.enqueue_due
+
+    def held(*args):
+        result = original(*args)
+        if threading.current_thread().name == "doomed-worker":
+            backend["pid"] = connection.connection.info.backend_pid
+            inside.set()
+            release.wait(30)
+        return result
+
+    monkeypatch.setattr(scheduler_module, "enqueue_due", held)
+
+    def tick_once():
+        try:
+            Scheduler().run_once()  # its failure is logged, as in a worker
+        finally:
+            connections.close_all()
+
+    doomed = threading.Thread(target=tick_once, name="doomed-worker")
+    doomed.start()
+    try:
+        assert inside.wait(30)
+        # While it holds the row, another worker's pass skips the entry.
+        assert Scheduler().run_once()["enqueued"] == 0
+        assert scalar("SELECT pg_terminate_backend(%s)", [backend["pid"]])
+    finally:
+        release.set()
+        doomed.join(30)
+    assert jobs("hourly") == []  # rolled back with the dead worker's transaction
+    assert Scheduler().run_once()["enqueued"] == 1
+    assert [t for t, _ in jobs("hourly")] == [tick]
+    assert Scheduler().run_once()["enqueued"] == 0
