@@ -24,6 +24,8 @@ from .exceptions import (
 )
 from .flow import UnknownQueue, pause_queue, resume_queue
 from .registry import job
+from .schedule_entries import schedule_job, unschedule_job, update_schedule
+from .schedule_parser import ScheduleError
 from .workflow import Workflow, WorkflowJob, chain, group, workflow
 
 __version__ = "0.1.0.dev0"
@@ -43,6 +45,7 @@ __all__ = [
     "NotMigrated",
     "PayloadError",
     "RetryJob",
+    "ScheduleError",
     "UnknownDatabase",
     "UnknownJobType",
     "UnknownQueue",
@@ -59,6 +62,9 @@ __all__ = [
     "job",
     "pause_queue",
     "resume_queue",
+    "schedule_job",
     "settle_delivery",
+    "unschedule_job",
+    "update_schedule",
     "workflow",
 ]

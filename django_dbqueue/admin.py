@@ -664,5 +664,5 @@ def _dashboard_context(request):
     }
 
 
-# Each registers its page: flow control, and the worker registry.
-from . import queue_admin, worker_admin  # noqa: E402, F401
+# Each registers its page: flow control, the schedule entries and the worker registry.
+from . import queue_admin, schedule_admin, worker_admin  # noqa: E402, F401

@@ -326,7 +326,7 @@ def check_settings(app_configs=None, **kwargs):
 
 
 def _check_schedule(conf):
-    from .scheduler import ScheduleError, parse_entry
+    from .schedule_parser import ScheduleError, parse_entry
 
     errors = []
     for name, entry in conf.SCHEDULE.items():

@@ -39,9 +39,9 @@ class Maintenance:
     def deadline(self):
         """When the next duty is due (``time.monotonic()``)."""
         w = self.worker
-        due = [self.next["beat"], self.next["presence"], self.next["sweep"]]
-        if w.scheduler.schedules:
-            due.append(self.next["schedule"])
+        # The scheduler runs whether or not DBQUEUE["SCHEDULE"] has entries: an entry may be
+        # stored in the database at any time (one plain SELECT per SCHEDULE_INTERVAL).
+        due = [self.next["beat"], self.next["presence"], self.next["sweep"], self.next["schedule"]]
         if w.inflight.occupied():
             due.append(self.next["watch"])
         return min(due)
@@ -79,9 +79,9 @@ class Maintenance:
         if now >= nxt["sweep"]:
             nxt["sweep"] = now + w.conf.SWEEP_INTERVAL
             self.guarded("sweep", w.sweeper.run_once)
-        if w.scheduler.schedules and now >= nxt["schedule"]:
+        if now >= nxt["schedule"]:
             nxt["schedule"] = now + w.conf.SCHEDULE_INTERVAL
-            self.guarded("scheduler", w.scheduler.run_once)
+            self.guarded("scheduler", w.scheduler.run_once, w.session)
         if now >= nxt["rollup"]:
             nxt["rollup"] = now + ROLLUP_INTERVAL
             self.guarded("rollup", w.rollup.run_once)

@@ -18,6 +18,11 @@ Two kinds of entry:
 
 All instants returned are aware UTC datetimes; a tick's instant is also its identity (the
 scheduler's idempotency key), so that identity is unique per wall-clock time.
+
+Missed ticks (older than ``misfire_grace``: no worker ran when they came due) follow the entry's
+catch-up policy, ``catch_up``: ``0`` ("none") skips them all, ``n`` runs the newest ``n`` of them
+(``1`` is "latest"), ``"all"`` runs every one that came due within ``catch_up_window`` seconds
+of now. Ticks within ``misfire_grace`` are on time and always run.
 """
 
 import datetime
@@ -55,10 +60,17 @@ def wall_to_instant(wall, zone):
     return high
 
 
+CATCH_UP_ALL = "all"
+# The policies by name; an integer n (the newest n missed ticks) is accepted as well.
+CATCH_UP_POLICIES = {"none": 0, "latest": 1, CATCH_UP_ALL: CATCH_UP_ALL}
+DEFAULT_CATCH_UP_WINDOW = 86400.0  # seconds: how far back "all" reaches unless told
+
+
 @dataclass(frozen=True)
 class Due:
-    """A pass's plan: the ticks to enqueue (oldest first), the missed ticks seen, how many of
-    them are skipped, and the new ``last_tick`` (``None``: leave it)."""
+    """A pass's plan: the ticks to enqueue (oldest first), the missed ticks it skips (oldest
+    first, at most the pass's ``count_limit``), how many those are, and the new ``last_tick``
+    (``None``: leave it)."""
 
     ticks: list
     missed: list
@@ -77,9 +89,10 @@ class Schedule:
     priority: int | None = None
     cron: str | None = None
     every: float | None = None
-    catch_up: int = 1
+    catch_up: int | str = 1  # how many missed ticks run: a count, or "all" (within the window)
     misfire_grace: float = 60.0
     timezone: str | None = None  # the cron zone; None is UTC
+    catch_up_window: float = DEFAULT_CATCH_UP_WINDOW  # seconds, for catch_up="all"
 
     def _zone(self):
         return ZoneInfo(self.timezone or "UTC")
@@ -138,17 +151,26 @@ class Schedule:
     def due(self, last_tick, now, *, limit, count_limit):
         """What a pass at ``now`` runs when the last tick enqueued was ``last_tick``: a
         :class:`Due`. Ticks within ``misfire_grace`` of ``now`` are on time and all run (at most
-        ``limit``); of older, missed ones only the newest ``catch_up`` run, the rest are skipped
-        (counted up to ``count_limit``)."""
+        ``limit``); older, missed ones follow ``catch_up``, and the rest are skipped (counted up
+        to ``count_limit``)."""
         horizon = now - datetime.timedelta(seconds=self.misfire_grace)
         on_time = self.ticks_between(max(last_tick, horizon), now, limit)
-        late, missed = [], []
-        if last_tick < horizon:
+        if last_tick >= horizon:
+            return Due(on_time, [], 0, on_time[-1] if on_time else None)
+        if self.catch_up == CATCH_UP_ALL:
+            window_start = now - datetime.timedelta(seconds=self.catch_up_window)
+            start = min(max(last_tick, window_start), horizon)
+            late = self.ticks_between(start, horizon, limit)
+            skipped = self.ticks_between(last_tick, start, count_limit)
+            if len(late) >= limit:  # more to catch up than one pass runs: the rest next pass
+                return Due(late, skipped, len(skipped), late[-1])
+        else:
             late = self.ticks_before(horizon, self.catch_up, last_tick)
-            missed = self.ticks_between(last_tick, horizon, count_limit)
+            # Skipped: the missed ticks older than the oldest that runs (all of them, if none).
+            end = late[0] - datetime.timedelta(microseconds=1) if late else horizon
+            skipped = self.ticks_between(last_tick, end, count_limit) if end > last_tick else []
         ticks = late + on_time
-        advance_to = ticks[-1] if ticks else (horizon if last_tick < horizon else None)
-        return Due(ticks, missed, len(missed) - len(late), advance_to)
+        return Due(ticks, skipped, len(skipped), ticks[-1] if ticks else horizon)
 
     def next_tick(self, after):
         """The first tick after ``after``, or ``None`` within ten years."""

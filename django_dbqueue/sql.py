@@ -1244,8 +1244,12 @@ LIMIT %(limit)s
 """
 
 # Scheduler -------------------------------------------------------------------------------------
+# Two kinds of entry: DBQUEUE["SCHEDULE"]'s, whose state is a row of dbqueue_schedule by name, and
+# stored ones, whose definition and state share a row of dbqueue_schedule_entry (so that a worker
+# that locks the row to tick it reads the definition in force, and an edit that locks it first
+# is waited for: see schedule_entries.py).
 
-# First sight of a schedule entry: it starts from now (no tick before the fleet knew it).
+# First sight of a settings entry: it starts from now (no tick before the fleet knew it).
 ENSURE_SCHEDULE = """
 INSERT INTO dbqueue_schedule (name, last_tick, updated_at) VALUES (%(name)s, now(), now())
 ON CONFLICT (name) DO NOTHING
@@ -1257,13 +1261,55 @@ LOCK_SCHEDULE = """
 SELECT last_tick, now() FROM dbqueue_schedule WHERE name = %(name)s FOR UPDATE SKIP LOCKED
 """
 
+# last_enqueued: the tick of the newest job enqueued (NULL: this pass enqueued none, keep it).
 ADVANCE_SCHEDULE = """
-UPDATE dbqueue_schedule SET last_tick = %(tick)s, updated_at = now() WHERE name = %(name)s
+UPDATE dbqueue_schedule
+SET last_tick = %(tick)s, last_enqueued = COALESCE(%(enqueued)s, last_enqueued), updated_at = now()
+WHERE name = %(name)s
 """
 
-# Always one row at least (the LEFT JOIN), so the caller gets the database's now() too.
-SCHEDULE_STATE = """
-SELECT s.name, s.last_tick, n.now
+_ENTRY_COLUMNS = """e.id, e.name, e.last_tick, e.job_type, e.cron, e.every, e.timezone,
+       e.payload::text, e.queue, e.priority, e.catch_up, e.catch_up_window, e.misfire_grace"""
+
+# A scheduler pass reads everything in one plain statement (no lock, no transaction id): the
+# settings entries' states (always one row at least, the LEFT JOIN, so that the caller gets the
+# database's now() too; id NULL) and the enabled stored entries with their definitions.
+SCHEDULE_STATE = f"""
+SELECT NULL::bigint, s.name, s.last_tick, NULL::text, NULL::text, NULL::float8, NULL::text,
+       NULL::text, NULL::text, NULL::smallint, NULL::text, NULL::float8, NULL::float8, n.now
+FROM (SELECT now() AS now) AS n LEFT JOIN dbqueue_schedule AS s ON true
+UNION ALL
+SELECT {_ENTRY_COLUMNS}, now()
+FROM dbqueue_schedule_entry AS e WHERE e.enabled
+"""
+
+# A stored entry that came due, locked to tick it, like LOCK_SCHEDULE. FOR UPDATE returns the
+# row's newest committed version (an edit committed after the pass's read is seen here), and
+# re-checks "enabled" on it: an entry disabled meanwhile returns nothing. A row an edit holds is
+# skipped: the edit enqueues what came due under the old definition itself.
+LOCK_SCHEDULE_ENTRY = f"""
+SELECT {_ENTRY_COLUMNS}, now()
+FROM dbqueue_schedule_entry AS e WHERE e.id = %(id)s AND e.enabled FOR UPDATE SKIP LOCKED
+"""
+
+# An edit locks the row and waits for a worker that is ticking it (which then committed the ticks
+# it enqueued: the edit reads the newest last_tick). Its instant is statement_timestamp(), not
+# now(): a transaction that began before that worker's would otherwise settle up to a moment
+# the worker already passed.
+LOCK_SCHEDULE_ENTRY_FOR_EDIT = f"""
+SELECT {_ENTRY_COLUMNS}, statement_timestamp(), e.enabled
+FROM dbqueue_schedule_entry AS e WHERE e.id = %(id)s FOR UPDATE
+"""
+
+ADVANCE_SCHEDULE_ENTRY = """
+UPDATE dbqueue_schedule_entry
+SET last_tick = %(tick)s, last_enqueued = COALESCE(%(enqueued)s, last_enqueued)
+WHERE id = %(id)s
+"""
+
+# For the status command and the admin: every settings entry's state.
+SCHEDULE_STATUS = """
+SELECT s.name, s.last_tick, s.last_enqueued, n.now
 FROM (SELECT now() AS now) AS n LEFT JOIN dbqueue_schedule AS s ON true
 """
 

@@ -6,6 +6,7 @@ they take part in the caller's transaction.
 """
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import logging
@@ -789,14 +790,71 @@ def lock_schedule(using, name):
         return cursor.fetchone()
 
 
-def advance_schedule(using, name, tick):
-    _execute_no_rows(using, sql.ADVANCE_SCHEDULE, {"name": name, "tick": tick})
+def advance_schedule(using, name, tick, enqueued=None):
+    """Move a settings entry's ``last_tick`` to ``tick``; ``enqueued``: the newest tick that made
+    a job (``None``: keep the one recorded)."""
+    params = {"name": name, "tick": tick, "enqueued": enqueued}
+    _execute_no_rows(using, sql.ADVANCE_SCHEDULE, params)
+
+
+@dataclass(frozen=True)
+class StoredEntry:
+    """A ``dbqueue_schedule_entry`` row as the scheduler reads it (``payload`` is JSON text)."""
+
+    id: int
+    name: str
+    last_tick: datetime.datetime
+    job_type: str
+    cron: str
+    every: float | None
+    timezone: str
+    payload: str
+    queue: str
+    priority: int | None
+    catch_up: str
+    catch_up_window: float | None
+    misfire_grace: float
+
+    def definition(self):
+        """Everything but the state: what a parsed entry depends on."""
+        return (self.name, *dataclasses.astuple(self)[3:])
 
 
 def schedule_state(using):
-    """``({name: last_tick}, now)``."""
+    """``({name: last_tick} of the settings entries, [StoredEntry] enabled, now)``."""
     rows = _execute(using, sql.SCHEDULE_STATE, {})
-    return {name: last for name, last, _ in rows if name is not None}, rows[0][2]
+    last = {row[1]: row[2] for row in rows if row[0] is None and row[1] is not None}
+    entries = [StoredEntry(*row[:13]) for row in rows if row[0] is not None]
+    return last, entries, rows[0][13]
+
+
+def lock_schedule_entry(using, entry_id):
+    """Inside a transaction: ``(StoredEntry, now)`` of an enabled stored entry, or ``None`` when
+    another worker or an edit holds it (or it is gone or disabled)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.LOCK_SCHEDULE_ENTRY, {"id": entry_id})
+        row = cursor.fetchone()
+    return None if row is None else (StoredEntry(*row[:13]), row[13])
+
+
+def lock_schedule_entry_for_edit(using, entry_id):
+    """Inside a transaction: ``(StoredEntry, now, enabled)``, waiting for a worker ticking it;
+    ``None`` when there is no such entry."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql.LOCK_SCHEDULE_ENTRY_FOR_EDIT, {"id": entry_id})
+        row = cursor.fetchone()
+    return None if row is None else (StoredEntry(*row[:13]), row[13], row[14])
+
+
+def advance_schedule_entry(using, entry_id, tick, enqueued=None):
+    params = {"id": entry_id, "tick": tick, "enqueued": enqueued}
+    _execute_no_rows(using, sql.ADVANCE_SCHEDULE_ENTRY, params)
+
+
+def schedule_status(using):
+    """``({name: (last_tick, last_enqueued)} of the settings entries, now)``."""
+    rows = _execute(using, sql.SCHEDULE_STATUS, {})
+    return {name: (last, enqueued) for name, last, enqueued, _ in rows if name}, rows[0][3]
 
 
 def missing_tables(using, tables, *, after_error=False):

@@ -9,5 +9,12 @@ DBQUEUE = {
     "SCHEDULE": {
         "every-second": {"every": 1, "type": "noop"},
         "hourly": {"every": 3600, "type": "noop", "catch_up": 2, "misfire_grace": 30},
+        "hourly-all": {
+            "every": 3600,
+            "type": "noop",
+            "catch_up": "all",
+            "catch_up_window": 5 * 3600,
+            "misfire_grace": 30,
+        },
     },
 }

@@ -672,3 +672,124 @@ def test_operator_sees_the_live_workers_in_the_admin(sync_playwright, shop, scre
             browser.close()
     shop.stop(group)
     assert shop.query("SELECT count(*) FROM dbqueue_worker") == [(0,)]
+
+
+# -- schedules ------------------------------------------------------------------------------------
+
+SCHEDULE_USER = "scheduler"
+# Seeing, adding and changing schedule entries; not deleting them.
+SCHEDULE_PERMISSIONS = [
+    "django_dbqueue.view_scheduleentry",
+    "django_dbqueue.add_scheduleentry",
+    "django_dbqueue.change_scheduleentry",
+]
+
+
+def test_operator_creates_edits_and_disables_a_schedule_entry(sync_playwright, shop, screenshot):
+    shop.manage("migrate", "--verbosity", "0")
+    shop.manage(
+        "shell",
+        "--command",
+        "from django.contrib.auth.models import Permission, User\n"
+        f"user = User.objects.create_user({SCHEDULE_USER!r}, password={STAFF_PASSWORD!r}, "
+        "is_staff=True)\n"
+        f"wanted = {SCHEDULE_PERMISSIONS!r}\n"
+        "user.user_permissions.set([Permission.objects.get(content_type__app_label="
+        "p.split('.')[0], codename=p.split('.')[1]) for p in wanted])\n",
+    )
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    server = shop.start("runserver", "runserver", f"127.0.0.1:{port}", "--noreload")
+    _wait_until_serving(shop, server, base_url)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(
+                viewport={"width": 1440, "height": 900}, color_scheme="light"
+            )
+            context.add_init_script(
+                "window.localStorage.setItem('django.admin.navSidebarIsOpen', 'false')"
+            )
+            page = context.new_page()
+            page.set_default_timeout(10_000)
+            _schedule_tour(page, shop, base_url, screenshot)
+        finally:
+            browser.close()
+
+
+def _schedule_entry(shop):
+    rows = shop.query(
+        "SELECT name, cron, timezone, payload::text, enabled FROM dbqueue_schedule_entry"
+    )
+    return rows[0] if rows else None
+
+
+def _schedule_tour(page, shop, base_url, screenshot):
+    from playwright.sync_api import expect
+
+    admin = base_url + "/admin/"
+    page.goto(admin)
+    page.fill("#id_username", SCHEDULE_USER)
+    page.fill("#id_password", STAFF_PASSWORD)
+    page.click("input[type=submit]")
+    expect(page.locator("#user-tools")).to_contain_text(SCHEDULE_USER)
+
+    # The schedule page: the settings entries read-only on top, the stored ones below.
+    page.goto(admin + "django_dbqueue/scheduleentry/")
+    expect(page.locator("#dbqueue-settings-schedules")).to_contain_text("Entries from settings")
+    page.locator(".object-tools").get_by_role("link", name=re.compile("Add schedule entry")).click()
+
+    # A typo in the job type and a four-field cron: each error on its field, nothing saved.
+    page.fill("#id_name", "nightly-reminder")
+    page.fill("#id_job_type", "send-invoice-emial")
+    page.fill("#id_payload", '{"invoice_id": 1}')
+    page.fill("#id_cron", "0 3 * *")
+    page.fill("#id_timezone", "Europe/Berlin")
+    page.click("input[name=_save]")
+    expect(page.locator(".field-job_type .errorlist")).to_contain_text(
+        "did you mean 'send-invoice-email'"
+    )
+    expect(page.locator(".field-cron .errorlist")).to_contain_text("is not a valid cron expression")
+    screenshot(page, "admin-schedule-errors")
+    assert _schedule_entry(shop) is None
+
+    # Fixed, it saves; the list shows its next tick in the project's zone, UTC (03:00 in Berlin
+    # is 02:00 UTC in winter, 01:00 in summer).
+    page.fill("#id_job_type", "send-invoice-email")
+    page.fill("#id_cron", "0 3 * * *")
+    page.click("input[name=_save]")
+    expect(page.locator("ul.messagelist li.success")).to_contain_text("was added successfully")
+    row = page.locator("#result_list tbody tr", has_text="nightly-reminder")
+    expect(row).to_contain_text("cron 0 3 * * * (Europe/Berlin)")
+    expect(row.locator("td.field-last_tick_display")).to_have_text("never")
+    expect(row.locator("td.field-next_tick_display")).to_have_text(re.compile(r"\b[12] a\.m\."))
+    assert _schedule_entry(shop) == (
+        "nightly-reminder",
+        "0 3 * * *",
+        "Europe/Berlin",
+        '{"invoice_id": 1}',
+        True,
+    )
+
+    # Edit: half past four instead; the next tick is recomputed.
+    row.get_by_role("link", name="nightly-reminder").click()
+    page.fill("#id_cron", "30 4 * * *")
+    page.click("input[name=_save]")
+    expect(page.locator("ul.messagelist li.success")).to_contain_text("was changed successfully")
+    expect(row.locator("td.field-next_tick_display")).to_have_text(re.compile(r"\b[23]:30 a\.m\."))
+    assert _schedule_entry(shop)[1] == "30 4 * * *"
+    screenshot(page, "admin-schedules")
+
+    # Disable it with the list's action (no delete: this user may not).
+    row.locator("input.action-select").check()
+    actions = page.locator("select[name=action] option").evaluate_all(
+        "els => els.map(e => e.value)"
+    )
+    assert set(actions) - {""} == {"enable", "disable"}, actions
+    page.select_option("select[name=action]", "disable")
+    page.click("button[name=index]")
+    expect(page.locator("ul.messagelist li.success")).to_have_text(
+        "Disabled 1 schedule entry(ies)."
+    )
+    expect(row.locator("td.field-next_tick_display")).to_have_text("disabled")
+    assert _schedule_entry(shop)[4] is False

@@ -166,10 +166,16 @@ def test_status_lists_schedules_with_last_and_next_tick(settings):
         and row["last_tick"] is None
         and row["next_tick"].endswith("03:00:00+00:00")
     )
-    Scheduler().run_once()
+    Scheduler().run_once()  # first sight: the row starts at now(), but nothing ticked yet
     out = io.StringIO()
     call_command("jobqueue_status", stdout=out)
-    assert "schedule nightly: last tick 20" in out.getvalue()
+    assert "schedule nightly: last tick never, next tick 20" in out.getvalue()
+    set_last_tick("nightly", 25 * 3600)  # a 03:00 tick came due in the last 25 hours
+    Scheduler().run_once()
+    tick = scalar("SELECT idempotency_key FROM dbqueue_job").split(":", 2)[2]
+    out = io.StringIO()
+    call_command("jobqueue_status", stdout=out)
+    assert f"schedule nightly: last tick {tick}," in out.getvalue()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -247,3 +253,32 @@ def test_status_next_tick_is_the_missed_tick_that_runs_first(settings):
     next_tick = datetime.datetime.fromisoformat(row["next_tick"])
     assert next_tick < now  # the catch-up tick, not the next hour
     assert now - next_tick < datetime.timedelta(hours=2)
+
+
+def test_the_sample_in_the_periodic_docs_passes_the_checks_as_pasted(settings):
+    """docs/periodic.md's first two blocks, settings.py and jobs.py, exactly as written."""
+    import pathlib
+    import re
+
+    from django_dbqueue import registry
+
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "periodic.md").read_text()
+    settings_block, jobs_block = re.findall(r"```python\n(.*?)```", text, re.S)[:2]
+    assert settings_block.startswith("# settings.py") and "@job(" in jobs_block
+    namespace = {}
+    exec(settings_block, namespace)
+    defined = set(registry.all_types())
+    try:
+        exec(jobs_block, {"__name__": "rates.jobs"})
+        # The test app's own types need its queues; the sample's entries are what is checked.
+        settings.DBQUEUE = {
+            **namespace["DBQUEUE"],
+            "QUEUES": {**namespace["DBQUEUE"]["QUEUES"], "emails": {}},
+        }
+        assert check_settings() == []
+        assert {entry["type"] for entry in namespace["DBQUEUE"]["SCHEDULE"].values()} <= set(
+            registry.all_types()
+        )
+    finally:
+        for name in set(registry.all_types()) - defined:
+            registry.unregister(name)

@@ -91,3 +91,45 @@ def test_due_plans_catch_up_and_skips():
     assert due.ticks == [at(2026, 1, 1, 8), at(2026, 1, 1, 9), at(2026, 1, 1, 10)]
     assert due.skipped == 7
     assert due.advance_to == at(2026, 1, 1, 10)
+
+
+# The catch-up policies: ten hourly ticks missed (01:00..10:00), the pass at 10:00:30.
+MISSED_FROM, PASS_AT = at(2026, 1, 1, 0), at(2026, 1, 1, 10, 0, 30)
+
+
+def hourly(**kwargs):
+    return Schedule(name="s", type="noop", every=3600, misfire_grace=10, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "window", "hours", "skipped"),
+    [
+        (0, None, [], 10),  # "none"
+        (1, None, [10], 9),  # "latest"
+        ("all", 3 * 3600, [8, 9, 10], 7),  # every one within the last three hours
+        ("all", 86400, list(range(1, 11)), 0),
+    ],
+)
+def test_catch_up_policies(catch_up, window, hours, skipped):
+    extra = {} if window is None else {"catch_up_window": window}
+    due = hourly(catch_up=catch_up, **extra).due(MISSED_FROM, PASS_AT, limit=100, count_limit=100)
+    assert due.ticks == [at(2026, 1, 1, h) for h in hours]
+    assert due.skipped == skipped == len(due.missed)
+    assert due.advance_to == (
+        due.ticks[-1] if due.ticks else PASS_AT - datetime.timedelta(seconds=10)
+    )
+
+
+def test_catch_up_all_runs_a_long_backlog_over_several_passes_in_order():
+    s = hourly(catch_up="all", catch_up_window=86400)
+    first = s.due(MISSED_FROM, PASS_AT, limit=4, count_limit=100)
+    assert first.ticks == [at(2026, 1, 1, h) for h in (1, 2, 3, 4)]
+    assert first.advance_to == at(2026, 1, 1, 4)  # not past the ticks still to run
+    second = s.due(first.advance_to, PASS_AT, limit=100, count_limit=100)
+    assert second.ticks == [at(2026, 1, 1, h) for h in range(5, 11)]
+
+
+def test_on_time_ticks_run_whatever_the_policy():
+    s = Schedule(name="s", type="noop", every=60, misfire_grace=600, catch_up=0)
+    due = s.due(at(2026, 1, 1, 0), at(2026, 1, 1, 0, 5, 30), limit=100, count_limit=100)
+    assert len(due.ticks) == 5 and due.skipped == 0

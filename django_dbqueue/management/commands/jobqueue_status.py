@@ -63,11 +63,11 @@ class Command(BaseCommand):
 
         schedule_rows = [
             {
-                "name": name,
-                "last_tick": last and last.isoformat(),
-                "next_tick": nxt and nxt.isoformat(),
+                **row,
+                "last_tick": row["last_tick"] and row["last_tick"].isoformat(),
+                "next_tick": row["next_tick"] and row["next_tick"].isoformat(),
             }
-            for name, last, nxt in scheduler.status(using)
+            for row in scheduler.status(using)
         ]
         flows = flow.queue_flows(using)
         types = flow.type_flows(using)
@@ -116,10 +116,7 @@ class Command(BaseCommand):
                     line += f", window reopens {reopens.isoformat()}"
                 self.stdout.write(line)
             for row in schedule_rows:
-                self.stdout.write(
-                    f"schedule {row['name']}: last tick {row['last_tick'] or 'never'}, "
-                    f"next tick {row['next_tick'] or 'none'}"
-                )
+                self.stdout.write(schedule_line(row))
             self._workers(workers, conf.HEARTBEAT_INTERVAL)
             for failure in failures:
                 self.stderr.write(f"FAIL: {failure}")
@@ -167,3 +164,19 @@ class Command(BaseCommand):
                 f"{w.running} running, heartbeat {w.heartbeat_age:.0f}s ago, started "
                 f"{w.started_at.isoformat(timespec='seconds')}, version {w.version}"
             )
+
+
+def schedule_line(row):
+    """``schedule <name>: last tick <when or never>, next tick <when or none>`` (stored entries
+    say so, and why they do not tick when disabled or invalid)."""
+    if row["error"]:
+        upcoming = f"none (ignored: {row['error']})"
+    elif not row["enabled"]:
+        upcoming = "none (disabled)"
+    else:
+        upcoming = row["next_tick"] or "none"
+    stored = " (database)" if row["source"] == "database" else ""
+    return (
+        f"schedule {row['name']}{stored}: last tick {row['last_tick'] or 'never'}, "
+        f"next tick {upcoming}"
+    )

@@ -1,0 +1,250 @@
+"""Schedule entries checked and parsed: a ``DBQUEUE["SCHEDULE"]`` dict, or a stored entry's
+columns, becomes a :class:`Schedule` or a :class:`ScheduleError` that names what is wrong.
+
+The system checks, the scheduler, the code API (``schedule_entries.py``) and the admin's form
+all call :func:`parse_entry`, so one mistake reads the same wherever it is made.
+"""
+
+import datetime
+import difflib
+import json
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from croniter import croniter
+from django.conf import settings
+
+from . import payloads, registry, validation
+from .exceptions import DBQueueError
+from .schedule import CATCH_UP_ALL, CATCH_UP_POLICIES, DEFAULT_CATCH_UP_WINDOW, Schedule
+
+__all__ = ["ScheduleError", "entry_dict", "parse_entry", "parse_stored", "stored_entry"]
+
+_ENTRY_KEYS = {
+    "cron",
+    "every",
+    "type",
+    "payload",
+    "queue",
+    "priority",
+    "catch_up",
+    "catch_up_window",
+    "misfire_grace",
+    "timezone",
+}
+
+
+class ScheduleError(DBQueueError, ValueError):
+    """A malformed schedule entry (``DBQUEUE["SCHEDULE"]`` or a stored one): ``check_id`` says
+    which system check it is, ``field`` which key of the entry is wrong (``None``: the entry)."""
+
+    def __init__(self, message, check_id="dbqueue.E010", field=None):
+        super().__init__(message)
+        self.check_id = check_id
+        self.field = field
+
+
+def _fail(message, check_id="dbqueue.E010", field=None):
+    raise ScheduleError(message, check_id, field)
+
+
+def _wrong(field, check_id="dbqueue.E010"):
+    """An ``error=`` class for the validation helpers that files the error under ``field``."""
+
+    def error(message):
+        return ScheduleError(message, check_id, field)
+
+    return error
+
+
+def parse_entry(name, entry, conf, where=None):
+    """Validate one schedule entry; returns a :class:`Schedule` or raises ScheduleError.
+
+    ``where`` names the entry in messages; ``DBQUEUE['SCHEDULE'][name]`` unless told."""
+    where = where or f"DBQUEUE['SCHEDULE'][{name!r}]"
+    validation.type_name(name, f"{where}: the entry's name", error=_wrong("name"))
+    if not isinstance(entry, dict):
+        _fail(f"{where} must be a dict, got {validation.shown(entry)}")
+    unknown = set(entry) - _ENTRY_KEYS
+    if unknown:
+        _fail(
+            f"{where} has unknown keys {sorted(map(str, unknown))}; allowed: {sorted(_ENTRY_KEYS)}"
+        )
+    job_type = entry.get("type")
+    if not isinstance(job_type, str) or registry.get(job_type) is None:
+        known = sorted(registry.all_types())
+        close = difflib.get_close_matches(str(job_type), known, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        _fail(
+            f"{where} names job type {validation.shown(job_type)}, which no @job registers{hint}",
+            "dbqueue.E007",
+            "type",
+        )
+    cron, every = _timing(where, entry)
+    payload = entry.get("payload", {})
+    try:
+        payloads.check(payload, f"{where}['payload']")
+    except payloads.PayloadError as exc:
+        raise ScheduleError(str(exc), field="payload") from exc
+    queue = entry.get("queue")
+    if queue is not None:
+        validation.queue_name(queue, f"{where}['queue']", error=_wrong("queue"))
+        if queue not in conf.QUEUES:
+            _fail(f"{where}['queue'] {queue!r} is not in DBQUEUE['QUEUES']", field="queue")
+    priority = entry.get("priority")
+    if priority is not None:
+        validation.priority(priority, f"{where}['priority']", error=_wrong("priority"))
+    catch_up, window = _catch_up(where, entry)
+    grace = validation.seconds(
+        entry.get("misfire_grace", 60.0), f"{where}['misfire_grace']", error=_wrong("misfire_grace")
+    )
+    schedule = Schedule(
+        name=name,
+        type=job_type,
+        payload=payload,
+        queue=queue,
+        priority=priority,
+        cron=cron,
+        every=every,
+        catch_up=catch_up,
+        misfire_grace=grace,
+        timezone=_zone(where, entry.get("timezone")),
+        catch_up_window=window,
+    )
+    try:
+        if schedule.next_tick(datetime.datetime.now(datetime.UTC)) is None:
+            raise ValueError("no tick in the next ten years")
+    except Exception as exc:  # croniter accepts expressions that never fire, e.g. 30 February
+        _fail(f"{where}['cron'] {cron!r} never comes due: {exc}", "dbqueue.E008", "cron")
+    return schedule
+
+
+def _timing(where, entry):
+    """``(cron, every)`` of an entry: exactly one is set."""
+    if ("cron" in entry) == ("every" in entry):
+        _fail(
+            f"{where} needs exactly one of 'cron' (an expression) or 'every' (seconds)",
+            "dbqueue.E008",
+            "cron",
+        )
+    cron, every = entry.get("cron"), entry.get("every")
+    if cron is not None and (not isinstance(cron, str) or not croniter.is_valid(cron)):
+        _fail(
+            f"{where}['cron'] {validation.shown(cron)} is not a valid cron expression "
+            "(five fields: minute hour day-of-month month day-of-week, such as '0 3 * * *')",
+            "dbqueue.E008",
+            "cron",
+        )
+    if every is not None:
+        every = validation.seconds(
+            every, f"{where}['every']", error=_wrong("every", "dbqueue.E008")
+        )
+        if every < 1:
+            _fail(
+                f"{where}['every'] must be at least 1 second, got {every:g}",
+                "dbqueue.E008",
+                "every",
+            )
+    return cron, every
+
+
+def _catch_up(where, entry):
+    """``(catch_up, catch_up_window)``: a count of missed ticks to run, or ``"all"``."""
+    policy = entry.get("catch_up", "latest")
+    if isinstance(policy, str):
+        if policy not in CATCH_UP_POLICIES:
+            _fail(
+                f"{where}['catch_up'] must be one of {sorted(CATCH_UP_POLICIES)} or a count of "
+                f"missed ticks, got {validation.shown(policy)}",
+                field="catch_up",
+            )
+        policy = CATCH_UP_POLICIES[policy]
+    else:
+        policy = validation.integer(
+            policy, f"{where}['catch_up']", minimum=0, maximum=1000, error=_wrong("catch_up")
+        )
+    window = entry.get("catch_up_window")
+    if window is None:
+        return policy, DEFAULT_CATCH_UP_WINDOW
+    if policy != CATCH_UP_ALL:
+        _fail(f"{where}['catch_up_window'] applies to catch_up 'all' only", field="catch_up_window")
+    window = validation.seconds(
+        window, f"{where}['catch_up_window']", error=_wrong("catch_up_window")
+    )
+    return policy, window
+
+
+def _zone(where, zone):
+    """The entry's time zone name: its own, else ``TIME_ZONE``, else UTC."""
+    if zone is None:
+        return settings.TIME_ZONE or "UTC"
+    try:
+        ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        _fail(
+            f"{where}['timezone'] {validation.shown(zone)} is not a known time zone "
+            "(an IANA name such as 'Europe/Berlin' or 'UTC')",
+            field="timezone",
+        )
+    return zone
+
+
+def stored_entry(
+    *,
+    job_type,
+    cron="",
+    every=None,
+    timezone="",
+    payload=None,
+    queue="",
+    priority=None,
+    catch_up="latest",
+    catch_up_window=None,
+    misfire_grace=60.0,
+):
+    """The ``SCHEDULE``-style dict of a stored entry's columns (an empty text column: unset)."""
+    entry = {"type": job_type, "payload": {} if payload is None else payload}
+    entry["catch_up"] = catch_up
+    entry["misfire_grace"] = misfire_grace
+    optional = {
+        "cron": cron or None,
+        "every": every,
+        "timezone": timezone or None,
+        "queue": queue or None,
+        "priority": priority,
+        "catch_up_window": catch_up_window,
+    }
+    entry.update({key: value for key, value in optional.items() if value is not None})
+    return entry
+
+
+def parse_stored(row, conf):
+    """The :class:`Schedule` of a ``store.StoredEntry``, or raises ScheduleError."""
+    entry = stored_entry(
+        job_type=row.job_type,
+        cron=row.cron,
+        every=row.every,
+        timezone=row.timezone,
+        payload=json.loads(row.payload),
+        queue=row.queue,
+        priority=row.priority,
+        catch_up=row.catch_up,
+        catch_up_window=row.catch_up_window,
+        misfire_grace=row.misfire_grace,
+    )
+    return parse_entry(row.name, entry, conf, where=f"schedule entry {row.name!r}")
+
+
+def entry_dict(entry):
+    """The ``SCHEDULE``-style dict of a ``ScheduleEntry`` model instance."""
+    return stored_entry(
+        job_type=entry.job_type,
+        cron=entry.cron,
+        every=entry.every,
+        timezone=entry.timezone,
+        payload=entry.payload,
+        queue=entry.queue,
+        priority=entry.priority,
+        catch_up=entry.catch_up,
+        catch_up_window=entry.catch_up_window,
+        misfire_grace=entry.misfire_grace,
+    )
