@@ -557,12 +557,18 @@ class Soak:
     def _produce_limited(self, d, payload, rng):
         return self._one(payload=payload, queue="limited")
 
+    @staticmethod
+    def _acct(d):
+        """Half of the jobs on three hot partitions (their windows fill), half on new ones
+        (each creates its limiter row in the claim: issue 25's race 7 needs new keys)."""
+        return f"a{int(d[3] * 3)}" if d[2] < 0.5 else f"n{int(d[3] * 100_000)}"
+
     def _produce_typed(self, d, payload, rng):
-        payload["acct"] = f"a{int(d[0] * 3)}"
+        payload["acct"] = self._acct(d)
         return self._one("soak-typed", payload, queue=PAUSABLE[int(d[1] * 3)])
 
     def _produce_rated(self, d, payload, rng):
-        payload["acct"] = f"a{int(d[0] * 4)}"
+        payload["acct"] = self._acct(d)
         return self._one(payload=payload, queue="rated")
 
     def _produce_serial(self, d, payload, rng):
