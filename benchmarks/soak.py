@@ -37,7 +37,8 @@ delays, workers and durations. What cannot be replayed exactly: the operating sy
 scheduling and the database's timing, hence which jobs are dead, running or pending when an
 operator picks among them (it picks by a drawn fraction of the sorted candidates), which jobs a
 fault hits, and when steps run late on a loaded machine (a step never runs early; a late one
-runs at once).
+runs at once). ``schedule.log`` in ``--log-dir`` lists the schedule as decided (step, actor,
+action, draws): two runs of one seed write the same file.
 """
 
 from __future__ import annotations
@@ -256,8 +257,17 @@ def process_start(pid):
 
 
 class DeathWatch(threading.Thread):
-    """Learns every run's process from ``soak_run`` and records when it dies (a pidfd becomes
-    readable when its process exits, whoever its parent is)."""
+    """Learns every run's process from ``soak_run`` and records when it died (a pidfd becomes
+    readable when its process exits, whoever its parent is).
+
+    The time recorded is the last moment the process was *known alive*: the clock read just
+    before the ``poll()`` whose entry still found the pidfd unreadable. The process died after
+    it, by at most one turn of this loop (about 10 ms, more on a loaded machine). A run with no
+    end is counted until then, never later: the checker may miss an overlap shorter than a turn,
+    but cannot report one that did not happen."""
+
+    SCAN_EVERY = 0.05  # seconds between two looks for new runs
+    TURN = 10  # milliseconds a poll() waits
 
     def __init__(self, soak):
         super().__init__(daemon=True)
@@ -265,31 +275,40 @@ class DeathWatch(threading.Thread):
         self.stop = threading.Event()
         self.after = 0
         self.fds = {}  # fd -> (pid, proc_start)
+        self.alive_at = {}  # fd -> database time at which it was last known alive
         self.known = set()
 
     def run(self):
         poller = select.poll()
-        conn = None
+        conn, scanned = None, 0.0
         while not self.stop.is_set():
-            try:
-                conn = conn or db_connect("soak deathwatch")
-                rows = conn.execute(
-                    "SELECT id, pid, proc_start FROM soak_run WHERE id > %s ORDER BY id",
-                    [self.after],
-                ).fetchall()
-            except Exception:
-                conn, rows = None, []
-            for run_id, pid, proc_start in rows:
-                self.after = run_id
-                if (pid, proc_start) not in self.known:
-                    self.known.add((pid, proc_start))
-                    self._watch(poller, pid, proc_start)
-            for fd, _event in poller.poll(50):
-                self.soak.facts.deaths[self.fds.pop(fd)] = self.soak.clock.db()
+            if time.monotonic() - scanned >= self.SCAN_EVERY:
+                scanned = time.monotonic()
+                try:
+                    conn = conn or db_connect("soak deathwatch")
+                    rows = conn.execute(
+                        "SELECT id, pid, proc_start, started_at FROM soak_run WHERE id > %s "
+                        "ORDER BY id",
+                        [self.after],
+                    ).fetchall()
+                except Exception:
+                    conn, rows = None, []
+                for run_id, pid, proc_start, started in rows:
+                    self.after = run_id
+                    if (pid, proc_start) not in self.known:
+                        self.known.add((pid, proc_start))
+                        self._watch(poller, pid, proc_start, started)
+            before = self.soak.clock.db()
+            ready = {fd for fd, _event in poller.poll(self.TURN)}
+            for fd in list(self.fds):
+                if fd not in ready:
+                    self.alive_at[fd] = before  # unreadable at poll()'s entry, after `before`
+                    continue
+                self.soak.facts.deaths[self.fds.pop(fd)] = self.alive_at.pop(fd)
                 poller.unregister(fd)
                 os.close(fd)
 
-    def _watch(self, poller, pid, proc_start):
+    def _watch(self, poller, pid, proc_start, started):
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -301,6 +320,7 @@ class DeathWatch(threading.Thread):
                 same = False
             if same:
                 self.fds[fd] = (pid, proc_start)
+                self.alive_at[fd] = started  # it recorded the run's start: alive then
                 poller.register(fd, select.POLLIN)
                 return
             os.close(fd)
@@ -372,6 +392,7 @@ class Soak:
         self.check_lock = threading.Lock()
         self.stopping = threading.Event()
         self.holder = Holder(self)
+        self.schedule = open(self.log_dir / "schedule.log", "w")  # noqa: SIM115 - closed in run()
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -379,6 +400,12 @@ class Soak:
         text = f"{who} at step {self.step}: {type(exc).__name__}: {exc}".strip()
         self.facts.errors.append(text)
         self.counts[f"{who} errors"] += 1
+
+    def plan(self, actor, kind, draws, detail=""):
+        """One line of the schedule (``schedule.log``): what the seed decided at this step.
+        Two runs of one seed write the same file; the jobs an action hit are not in it."""
+        numbers = " ".join(f"{x:.6f}" for x in draws)
+        self.schedule.write(f"{self.step} {actor} {kind} [{numbers}] {detail}\n")
 
     def at(self, step, action):
         self.events[step].append(action)
@@ -440,6 +467,7 @@ class Soak:
                 slot.signal_group(signal.SIGCONT)
                 slot.signal_group(signal.SIGKILL)
             self.dump_facts()
+            self.schedule.close()
         return self.report()
 
     def dump_facts(self):
@@ -538,6 +566,7 @@ class Soak:
         payload = self.payload(rng)
         if not act:
             return
+        self.plan("producer", kind, draws, payload)
         try:
             ids = getattr(self, f"_produce_{kind}")(draws, payload, rng)
         except Exception as exc:
@@ -657,6 +686,7 @@ class Soak:
         draws = [rng.random() for _ in range(4)]
         if not act:
             return
+        self.plan("operator", kind, draws)
         try:
             getattr(self, f"_operate_{kind.replace('-', '_')}")(draws)
         except Exception as exc:
@@ -736,6 +766,7 @@ class Soak:
         length = rng.random()
         if not act:
             return
+        self.plan("fault", kind, [length], f"worker slot {slot.index}")
         if not slot.alive() or slot.stopped is not None or slot.down_until is not None:
             self.counts["fault skipped (worker down or stopped)"] += 1
             return

@@ -7,8 +7,10 @@ Everything it reads was written by the database or by the handlers, with ``clock
 each process died, and which faults it injected into which worker, when.
 
 **When a run ends.** At its recorded end; a run with no end is still running until its process
-is known dead (the soak watches every run's pid with a pidfd, or reaps the worker itself), so a
-hung handler still running counts, as the issue asks.
+is known dead, so a hung handler still running counts, as the issue asks. The soak watches
+every run's pid with a pidfd and takes as the death the last moment the process was known alive
+(benchmarks/soak.py, ``DeathWatch``): a run is never counted past its death, at the price of
+missing an overlap shorter than the watch's turn (about 10 ms).
 
 **Runs whose lease was taken over.** When the sweeper takes a job back from a run whose lease
 expired (a ``LeaseExpired`` entry written over that run's lease token), the run stops counting
@@ -166,7 +168,7 @@ class Facts:
     """What the soak knows that the database does not: deaths and faults, in database time."""
 
     deaths: dict = field(default_factory=dict)  # (pid, proc_start) -> died at
-    worker_deaths: dict = field(default_factory=dict)  # worker tag -> died at
+    worker_deaths: dict = field(default_factory=dict)  # worker tag -> reaped at (for the report)
     faults: list = field(default_factory=list)  # (kind, worker tag, from, until)
     holds: list = field(default_factory=list)  # ("hold", [dependency ids], from, until)
     errors: list = field(default_factory=list)  # operator/producer errors (text)
@@ -236,9 +238,7 @@ class Checker:
             run = dict(zip(RUN_FIELDS, row, strict=True))
             end = run["ended"]
             process = (run["pid"], run["proc_start"])
-            died = self.facts.deaths.get(process)
-            if died is None and run["mode"] == "thread":
-                died = self.facts.worker_deaths.get(run["worker"])
+            died = self.facts.deaths.get(process)  # the last moment known alive
             if died is None and process in self.facts.deaths:
                 # Its process was gone before the soak looked: known dead, but not since when.
                 # Ended at its start, so it hides a violation rather than invent one.
