@@ -71,13 +71,25 @@ RATES = {
 PERSIST = datetime.timedelta(seconds=3)
 EXCUSES = {"stop", "terminate", "kill"}  # faults that keep a live worker from heartbeating
 
+# Each run with its claim's lease token and the moment the sweeper took that lease back. The
+# claim is the job's last claim of the run's attempt before the run started: the token the
+# handler read from the row at its start is the row's, which is another claim's when the run
+# started after its own lease was taken over (a worker continued after SIGSTOP starts a job it
+# claimed before the stop, not knowing yet that it lost it).
 RUNS = """
-SELECT r.id, r.job_id, r.attempt, r.type, r.queue, r.serial_key, r.lease_token, r.worker,
+SELECT r.id, r.job_id, r.attempt, r.type, r.queue, r.serial_key, c.token, r.worker,
        r.mode, r.pid, r.proc_start, r.started_at, r.ended_at,
        (SELECT min(t.at) FROM soak_transition AS t
-        WHERE t.job_id = r.job_id AND t.old_state = 'running' AND t.old_token = r.lease_token
-          AND t.cause = 'LeaseExpired' AND t.at >= r.started_at) AS taken_at
-FROM soak_run AS r ORDER BY r.id
+        WHERE t.job_id = r.job_id AND t.old_state = 'running' AND t.old_token = c.token
+          AND t.cause = 'LeaseExpired' AND t.at >= c.at) AS taken_at
+FROM soak_run AS r
+LEFT JOIN LATERAL (
+    SELECT t.new_token AS token, t.at FROM soak_transition AS t
+    WHERE t.job_id = r.job_id AND t.new_state = 'running' AND t.attempts = r.attempt
+      AND t.at <= r.started_at
+    ORDER BY t.id DESC LIMIT 1
+) AS c ON true
+ORDER BY r.id
 """
 
 STARTS = """
@@ -250,7 +262,7 @@ class Checker:
                 if self._excused(run["worker"], taken):
                     if end is None or end > taken:
                         self.zombies.add(run["id"])
-                        end = taken
+                        end = max(taken, run["started"])  # started after it: never counted
                 else:
                     self._add(
                         "lease-lost",

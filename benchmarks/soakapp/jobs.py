@@ -2,7 +2,9 @@
 producers wrote: how long it works, on which attempts it fails, whether it heeds a cancel.
 
 Every run records its start and its end in ``soak_run`` (``clock_timestamp()``, pid, job id,
-attempt, lease token, queue, serial key) on a connection of its own in autocommit, so a run
+attempt, queue, serial key, and the row's lease token at the start: the run's own, unless its
+lease was taken over before it started, which is why the checker finds each run's claim in the
+job's transitions) on a connection of its own in autocommit, so a run
 whose job is later rolled back, fenced or killed still leaves its record; a run whose process
 dies leaves a start with no end, which the checker closes at the process's death.
 """

@@ -9,7 +9,8 @@ the workflow trigger), whatever path it takes.
 - ``soak_effect``: one row per guarded effect key; ``n`` counts how often it happened.
 - ``soak_transition``: one row per state change of a job, written by the trigger in the
   transaction that made the change (so it commits or rolls back with it): the clock at the
-  statement, the transaction's start (``now()``), the claim's ``started_at``, the transaction's id, the lease token the row had
+  statement, the transaction's start (``now()``), the claim's ``started_at``, the transaction's
+  id, the row's ``attempts``, the lease token the row had
   before and after, and the class of the error entry it appended, if any.
 - ``soak_witness``: ``pg_current_snapshot()`` taken every few milliseconds by the soak, with
   the clock: a transaction visible in a witness was committed before the witness's clock.
@@ -52,6 +53,7 @@ CREATE TABLE soak_transition (
     xact_at timestamptz NOT NULL,
     started_at timestamptz,
     xid xid8 NOT NULL,
+    attempts integer NOT NULL,
     old_token bigint,
     new_token bigint,
     cause text
@@ -72,14 +74,16 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO soak_transition
-            (job_id, old_state, new_state, at, xact_at, started_at, xid, old_token, new_token, cause)
+            (job_id, old_state, new_state, at, xact_at, started_at, xid, attempts, old_token, new_token,
+             cause)
         VALUES (NEW.id, NULL, NEW.state, clock_timestamp(), now(), NEW.started_at,
-                pg_current_xact_id(), NULL, NEW.lease_token, NULL);
+                pg_current_xact_id(), NEW.attempts, NULL, NEW.lease_token, NULL);
     ELSE
         INSERT INTO soak_transition
-            (job_id, old_state, new_state, at, xact_at, started_at, xid, old_token, new_token, cause)
+            (job_id, old_state, new_state, at, xact_at, started_at, xid, attempts, old_token, new_token,
+             cause)
         VALUES (NEW.id, OLD.state, NEW.state, clock_timestamp(), now(), NEW.started_at,
-                pg_current_xact_id(), OLD.lease_token, NEW.lease_token,
+                pg_current_xact_id(), NEW.attempts, OLD.lease_token, NEW.lease_token,
                 CASE WHEN jsonb_array_length(NEW.errors) > jsonb_array_length(OLD.errors)
                      THEN NEW.errors -> -1 ->> 'class' END);
     END IF;
