@@ -25,7 +25,7 @@ job's next run, which is the documented price. These overlaps are counted and pr
 (alive, not stopped, connected) is itself a violation (``lease-lost``): nothing excuses it, and
 its run keeps counting until it really ends.
 
-**Order and dependency checks read commits, not statement times.** A transition is known
+**The order check reads commits, not statement times.** A transition is known
 committed before an instant T when a witness snapshot taken before T sees its transaction
 (``pg_visible_in_snapshot``). A claim of job B (its ``pending -> running`` transition) sees what
 committed before its transaction began (``xact_at``, its ``now()``) and does not see a change
@@ -43,8 +43,9 @@ The invariants:
 - ``serial-order``: a job of a key is never claimed while an older job of its key (smaller id:
   docs' enqueue order) was pending, committed before the claim began and still pending after
   its statement: among jobs of a key pending at the same time, the oldest starts first;
-- ``workflow``: a job is claimed only once each dependency's last committed state before the
-  claim is ``done`` (or ``dead``/``cancelled`` for ``on_failure="run"``); jobs that an operator
+- ``workflow``: a job is claimed only once each dependency has reached what its edge requires:
+  ``done``, or also ``dead``/``cancelled`` for ``on_failure="run"`` (reached once is enough; a
+  flag needs no such change to have run before the claim's statement); jobs that an operator
   requeued themselves (from dead or cancelled) are exempt: docs/workflows.md makes that the
   operator's choice;
 - ``stuck-waiting``: a waiting job whose dependencies are all finished, or whose ``waiting_on``
@@ -118,14 +119,13 @@ WHERE c.old_state = 'pending' AND c.new_state = 'running'
 ORDER BY c.at
 """
 
-# A dependent claimed while a dependency's last committed state did not allow it.
+# A dependent claimed although a dependency had never reached what its edge requires: no
+# change of the dependency into done (or dead or cancelled, for on_failure="run") ran before
+# the claim's statement, so none can have been visible to it. (Reached once is enough: a
+# released dependent whose dead dependency an operator requeues later may still run.)
 WORKFLOW = """
-WITH tr AS (
-    SELECT t.*, lead(t.at) OVER (PARTITION BY t.job_id ORDER BY t.id) AS next_at
-    FROM soak_transition AS t
-),
-claims AS (
-    SELECT c.id, c.job_id, c.at, c.xact_at FROM soak_transition AS c
+WITH claims AS (
+    SELECT c.id, c.job_id, c.at FROM soak_transition AS c
     WHERE c.old_state = 'pending' AND c.new_state = 'running'
       AND EXISTS (SELECT 1 FROM dbqueue_dependency AS d WHERE d.job_id = c.job_id)
       AND NOT EXISTS (
@@ -133,17 +133,17 @@ claims AS (
           WHERE r.job_id = c.job_id AND r.id < c.id AND r.new_state = 'pending'
             AND r.old_state IN ('dead', 'cancelled'))
 )
-SELECT c.job_id, d.depends_on_id, d.run_on_failure, s.new_state, c.at
+SELECT c.job_id, d.depends_on_id, d.run_on_failure,
+       (SELECT s.new_state FROM soak_transition AS s
+        WHERE s.job_id = d.depends_on_id AND s.at < c.at ORDER BY s.id DESC LIMIT 1),
+       c.at
 FROM claims AS c
 JOIN dbqueue_dependency AS d ON d.job_id = c.job_id
-CROSS JOIN LATERAL (
-    SELECT tr.* FROM tr WHERE tr.job_id = d.depends_on_id AND tr.at < c.xact_at
-    ORDER BY tr.id DESC LIMIT 1
-) AS s
-WHERE (s.next_at IS NULL OR s.next_at > c.at)
-  AND NOT (s.new_state = 'done' OR (d.run_on_failure AND s.new_state IN ('dead', 'cancelled')))
-  AND (SELECT pg_visible_in_snapshot(s.xid, w.snap) FROM soak_witness AS w
-       WHERE w.at < c.xact_at ORDER BY w.at DESC LIMIT 1)
+WHERE NOT EXISTS (
+    SELECT 1 FROM soak_transition AS s
+    WHERE s.job_id = d.depends_on_id AND s.at < c.at
+      AND (s.new_state = 'done'
+           OR (d.run_on_failure AND s.new_state IN ('dead', 'cancelled'))))
 ORDER BY c.at
 """
 
