@@ -677,8 +677,29 @@ class Soak:
 
     # -- operator --------------------------------------------------------------------------------
 
-    OPERATE = [("requeue", 5), ("requeue-dead", 1), ("cancel", 3), ("cancel-running", 3),
-               ("pause", 2)]  # fmt: skip
+    OPERATE = [("requeue", 5), ("requeue-dead", 1), ("requeue-serial", 3), ("requeue-dependency", 3),
+               ("cancel", 3), ("cancel-running", 3), ("pause", 2)]  # fmt: skip
+
+    # Requeues aimed where issue 25 found races: an older job of a serial key while newer ones
+    # of the key are pending or running (a claim of a newer one may be under way), and a failed
+    # dependency while another dependency of its dependent is running (its completion may be
+    # under way).
+    REQUEUE_SERIAL = """
+        SELECT o.id FROM dbqueue_job AS o
+        WHERE o.state IN ('dead', 'cancelled') AND o.serial_key IS NOT NULL AND o.type = ANY(%s)
+          AND EXISTS (SELECT 1 FROM dbqueue_job AS n
+                      WHERE n.serial_key = o.serial_key AND n.id > o.id
+                        AND n.state IN ('pending', 'running'))
+        ORDER BY o.id
+    """
+    REQUEUE_DEPENDENCY = """
+        SELECT DISTINCT f.id FROM dbqueue_job AS f
+        JOIN dbqueue_dependency AS e ON e.depends_on_id = f.id
+        JOIN dbqueue_dependency AS o ON o.job_id = e.job_id AND o.depends_on_id <> f.id
+        JOIN dbqueue_job AS r ON r.id = o.depends_on_id
+        WHERE f.state IN ('dead', 'cancelled') AND f.type = ANY(%s) AND r.state = 'running'
+        ORDER BY f.id
+    """
 
     def operate(self, rng):
         act = rng.random() < 0.08
@@ -710,6 +731,20 @@ class Soak:
             [list(REQUEUABLE)],
             1 + int(d[3] * 3),
         )
+        if ids:
+            call_command("jobqueue_requeue", ids=ids, stdout=io.StringIO(), stderr=io.StringIO())
+
+    def _operate_requeue_serial(self, d):
+        from django.core.management import call_command
+
+        ids = self._pick(d, self.REQUEUE_SERIAL, [list(REQUEUABLE)], 1)
+        if ids:
+            call_command("jobqueue_requeue", ids=ids, stdout=io.StringIO(), stderr=io.StringIO())
+
+    def _operate_requeue_dependency(self, d):
+        from django.core.management import call_command
+
+        ids = self._pick(d, self.REQUEUE_DEPENDENCY, [list(REQUEUABLE)], 1)
         if ids:
             call_command("jobqueue_requeue", ids=ids, stdout=io.StringIO(), stderr=io.StringIO())
 
