@@ -548,6 +548,7 @@ class Soak:
         ("delivery", 4),
         ("atomic", 4),
         ("hang", 2),
+        ("partitions", 4),
     ]
 
     def payload(self, rng, *, fail_rate=0.25):
@@ -599,6 +600,22 @@ class Soak:
     def _produce_rated(self, d, payload, rng):
         payload["acct"] = self._acct(d)
         return self._one(payload=payload, queue="rated")
+
+    def _produce_partitions(self, d, payload, rng):
+        """Jobs of two new rate partitions at once, in every queue and as the keyed type, in
+        one statement: claims serving the queues in other orders meet both new keys together
+        (issue 25, race 7: two claims creating limiter rows in opposite orders)."""
+        from django_dbqueue import enqueue_many
+
+        one, two = f"p{int(d[0] * 10**9)}", f"q{int(d[1] * 10**9)}"
+        items = [{"type": "soak-work", "payload": {**payload, "acct": a}, "queue": "rated"}
+                 for a in (one, two)]  # fmt: skip
+        items += [
+            {"type": "soak-typed", "payload": {**payload, "acct": a}, "queue": q}
+            for a in (two, one)
+            for q in PAUSABLE
+        ]
+        return [j.id for j in enqueue_many(items)]
 
     def _produce_serial(self, d, payload, rng):
         queue_name = "limited" if d[1] < 0.3 else "default"
