@@ -215,7 +215,8 @@ class Slot:
     def _reap(self, process, tag):
         code = process.wait()
         self.soak.facts.worker_deaths[tag] = self.soak.clock.db()
-        self.soak.exits[code] += 1
+        if not self.soak.stopping.is_set():  # not the soak's own kill at the end
+            self.soak.exits[code] += 1
 
     def alive(self):
         return self.process is not None and self.process.poll() is None
@@ -348,6 +349,8 @@ class Holder(threading.Thread):
                 connection.close()
                 return
             depends_on, payload, hold = task
+            if self.soak.draining.is_set():
+                continue  # the producer is off
             entry = ["hold", depends_on, self.soak.clock.db(), None]
             self.soak.facts.holds.append(entry)
             try:
@@ -391,6 +394,7 @@ class Soak:
         )
         self.check_lock = threading.Lock()
         self.stopping = threading.Event()
+        self.draining = threading.Event()
         self.holder = Holder(self)
         self.schedule = open(self.log_dir / "schedule.log", "w")  # noqa: SIM115 - closed in run()
 
@@ -511,6 +515,7 @@ class Soak:
         from django_dbqueue import resume_queue
 
         self.say("drain: producers, operators and faults off")
+        self.draining.set()
         self.events.clear()
         for slot in self.slots:
             if slot.stopped is not None:
