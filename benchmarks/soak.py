@@ -257,27 +257,35 @@ def process_start(pid):
         return int(stat.read().rsplit(")", 1)[1].split()[19])
 
 
+def thread_start(pid, tid):
+    """Field 22 of /proc/<pid>/task/<tid>/stat, as the handler recorded it."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
+
+
 class DeathWatch(threading.Thread):
-    """Learns every run's process from ``soak_run`` and records when it died (a pidfd becomes
-    readable when its process exits, whoever its parent is).
+    """Records when the process and the thread of each run with no end died.
 
-    The time recorded is the last moment the process was *known alive*: the clock read just
-    before the ``poll()`` whose entry still found the pidfd unreadable. The process died after
-    it, by at most one turn of this loop (about 10 ms, more on a loaded machine). A run with no
-    end is counted until then, never later: the checker may miss an overlap shorter than a turn,
-    but cannot report one that did not happen."""
+    A process: a pidfd becomes readable when it exits, whoever its parent is. A thread: its
+    ``/proc/<pid>/task/<tid>`` is gone (or names another thread), which also happens when its
+    process replaces its image in place (a worker restarting itself with ``os.execv`` keeps its
+    pid, not its handler threads). The time recorded is the last moment it was *known alive*:
+    the clock read just before the look that still found it. It died after that, by at most one
+    turn of this loop (about 10 ms for a process, 50 ms for a thread, more on a loaded
+    machine). A run with no end is counted until then, never later: the checker may miss an
+    overlap shorter than a turn, but cannot report one that did not happen."""
 
-    SCAN_EVERY = 0.05  # seconds between two looks for new runs
+    SCAN_EVERY = 0.05  # seconds between two looks at the runs with no end and their threads
     TURN = 10  # milliseconds a poll() waits
 
     def __init__(self, soak):
         super().__init__(daemon=True)
         self.soak = soak
         self.stop = threading.Event()
-        self.after = 0
         self.fds = {}  # fd -> (pid, proc_start)
         self.alive_at = {}  # fd -> database time at which it was last known alive
-        self.known = set()
+        self.known = set()  # processes watched once
+        self.threads = {}  # run id -> [(pid, tid, thread_start), last known alive]
 
     def run(self):
         poller = select.poll()
@@ -288,17 +296,13 @@ class DeathWatch(threading.Thread):
                 try:
                     conn = conn or db_connect("soak deathwatch")
                     rows = conn.execute(
-                        "SELECT id, pid, proc_start, started_at FROM soak_run WHERE id > %s "
-                        "ORDER BY id",
-                        [self.after],
+                        "SELECT id, pid, proc_start, tid, thread_start, started_at FROM soak_run "
+                        "WHERE ended_at IS NULL"
                     ).fetchall()
                 except Exception:
-                    conn, rows = None, []
-                for run_id, pid, proc_start, started in rows:
-                    self.after = run_id
-                    if (pid, proc_start) not in self.known:
-                        self.known.add((pid, proc_start))
-                        self._watch(poller, pid, proc_start, started)
+                    conn, rows = None, None
+                if rows is not None:
+                    self._scan(poller, rows)
             before = self.soak.clock.db()
             ready = {fd for fd, _event in poller.poll(self.TURN)}
             for fd in list(self.fds):
@@ -308,6 +312,32 @@ class DeathWatch(threading.Thread):
                 self.soak.facts.deaths[self.fds.pop(fd)] = self.alive_at.pop(fd)
                 poller.unregister(fd)
                 os.close(fd)
+
+    def _scan(self, poller, rows):
+        facts = self.soak.facts
+        open_runs = set()
+        for run_id, pid, proc_start, tid, started_thread, started in rows:
+            open_runs.add(run_id)
+            if (pid, proc_start) not in self.known:
+                self.known.add((pid, proc_start))
+                self._watch(poller, pid, proc_start, started)
+            thread = (pid, tid, started_thread)
+            if run_id not in self.threads and thread not in facts.thread_deaths:
+                self.threads[run_id] = [thread, started]  # it recorded its start: alive then
+        for run_id in set(self.threads) - open_runs:
+            del self.threads[run_id]  # it ended: its end is recorded
+        before = self.soak.clock.db()
+        for run_id, (thread, alive) in list(self.threads.items()):
+            pid, tid, started_thread = thread
+            try:
+                same = thread_start(pid, tid) == started_thread
+            except (OSError, ValueError, IndexError):
+                same = False
+            if same:
+                self.threads[run_id][1] = before
+                continue
+            facts.thread_deaths[thread] = alive
+            del self.threads[run_id]
 
     def _watch(self, poller, pid, proc_start, started):
         try:
@@ -484,6 +514,7 @@ class Soak:
                 {
                     "seed": self.args.seed,
                     "deaths": [[pid, ps, at] for (pid, ps), at in facts.deaths.items()],
+                    "thread_deaths": [[*key, at] for key, at in facts.thread_deaths.items()],
                     "worker_deaths": facts.worker_deaths,
                     "faults": facts.faults,
                     "holds": facts.holds,

@@ -7,10 +7,11 @@ Everything it reads was written by the database or by the handlers, with ``clock
 each process died, and which faults it injected into which worker, when.
 
 **When a run ends.** At its recorded end; a run with no end is still running until its process
-is known dead, so a hung handler still running counts, as the issue asks. The soak watches
-every run's pid with a pidfd and takes as the death the last moment the process was known alive
-(benchmarks/soak.py, ``DeathWatch``): a run is never counted past its death, at the price of
-missing an overlap shorter than the watch's turn (about 10 ms).
+or its thread is known dead, so a hung handler still running counts, as the issue asks. The
+soak watches every such run's process (a pidfd) and thread (``/proc/<pid>/task/<tid>``, gone
+too when the worker replaces its image in place) and takes as the death the last moment it was
+known alive (benchmarks/soak.py, ``DeathWatch``): a run is never counted past its death, at the
+price of missing an overlap shorter than the watch's turn (10 to 50 ms).
 
 **Runs whose lease was taken over.** When the sweeper takes a job back from a run whose lease
 expired (a ``LeaseExpired`` entry written over that run's lease token), the run stops counting
@@ -79,7 +80,7 @@ EXCUSES = {"stop", "terminate", "kill"}  # faults that keep a live worker from h
 # claimed before the stop, not knowing yet that it lost it).
 RUNS = """
 SELECT r.id, r.job_id, r.attempt, r.type, r.queue, r.serial_key, c.token, r.worker,
-       r.mode, r.pid, r.proc_start, r.started_at, r.ended_at,
+       r.mode, r.pid, r.proc_start, r.tid, r.thread_start, r.started_at, r.ended_at,
        (SELECT min(t.at) FROM soak_transition AS t
         WHERE t.job_id = r.job_id AND t.old_state = 'running' AND t.old_token = c.token
           AND t.cause = 'LeaseExpired' AND t.at >= c.at) AS taken_at
@@ -164,7 +165,7 @@ GROUP BY j.id, j.waiting_on
 
 RUN_FIELDS = (
     "id", "job", "attempt", "type", "queue", "serial_key", "token", "worker", "mode", "pid",
-    "proc_start", "started", "ended", "taken",
+    "proc_start", "tid", "thread_start", "started", "ended", "taken",
 )  # fmt: skip
 
 EFFECTS = "SELECT key, n, job_id FROM soak_effect WHERE n > 1 ORDER BY key"
@@ -179,7 +180,8 @@ DEADLOCK = re.compile(r"deadlock detected")
 class Facts:
     """What the soak knows that the database does not: deaths and faults, in database time."""
 
-    deaths: dict = field(default_factory=dict)  # (pid, proc_start) -> died at
+    deaths: dict = field(default_factory=dict)  # (pid, proc_start) -> last known alive
+    thread_deaths: dict = field(default_factory=dict)  # (pid, tid, start) -> last known alive
     worker_deaths: dict = field(default_factory=dict)  # worker tag -> reaped at (for the report)
     faults: list = field(default_factory=list)  # (kind, worker tag, from, until)
     holds: list = field(default_factory=list)  # ("hold", [dependency ids], from, until)
@@ -255,6 +257,10 @@ class Checker:
                 # Its process was gone before the soak looked: known dead, but not since when.
                 # Ended at its start, so it hides a violation rather than invent one.
                 died = run["started"]
+            thread = (run["pid"], run["tid"], run["thread_start"])
+            if thread in self.facts.thread_deaths:  # its thread ended (or its image was replaced)
+                thread_died = self.facts.thread_deaths[thread]
+                died = thread_died if died is None else min(died, thread_died)
             if end is None and died is not None:
                 end = max(died, run["started"])
             taken = run["taken"]

@@ -1,7 +1,7 @@
 """The soak's job types. What a run does is decided by its payload, which the soak's seeded
 producers wrote: how long it works, on which attempts it fails, whether it heeds a cancel.
 
-Every run records its start and its end in ``soak_run`` (``clock_timestamp()``, pid, job id,
+Every run records its start and its end in ``soak_run`` (``clock_timestamp()``, pid and tid, job id,
 attempt, queue, serial key, and the row's lease token at the start: the run's own, unless its
 lease was taken over before it started, which is why the checker finds each run's claim in the
 job's transitions) on a connection of its own in autocommit, so a run
@@ -28,9 +28,9 @@ _proc_start = {}
 
 START = """
 INSERT INTO soak_run (job_id, attempt, type, queue, serial_key, lease_token, worker, mode, pid,
-                      proc_start, started_at)
+                      proc_start, tid, thread_start, started_at)
 SELECT j.id, %(attempt)s, j.type, j.queue, j.serial_key, j.lease_token, %(worker)s, %(mode)s,
-       %(pid)s, %(proc_start)s, clock_timestamp()
+       %(pid)s, %(proc_start)s, %(tid)s, %(thread_start)s, clock_timestamp()
 FROM dbqueue_job AS j WHERE j.id = %(job)s
 RETURNING id
 """
@@ -41,6 +41,15 @@ EFFECT = """
 INSERT INTO soak_effect (key, n, job_id) VALUES (%s, 1, %s)
 ON CONFLICT (key) DO UPDATE SET n = soak_effect.n + 1
 """
+
+
+def thread_start(pid, tid):
+    """The thread's start time (/proc/<pid>/task/<tid>/stat, field 22): with the tid, it names
+    the thread running a handler. A thread ends with its process, and also when its process
+    replaces its image (``os.execv``: a worker restarting in place keeps its pid, never its
+    handler threads)."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
 
 
 def process_start(pid):
@@ -88,6 +97,8 @@ def recorded(body):
                 "mode": _mode(),
                 "pid": pid,
                 "proc_start": process_start(pid),
+                "tid": threading.get_native_id(),
+                "thread_start": thread_start(pid, threading.get_native_id()),
                 "job": ctx.id,
             },
         )

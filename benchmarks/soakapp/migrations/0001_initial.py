@@ -31,6 +31,8 @@ CREATE TABLE soak_run (
     mode text NOT NULL,
     pid integer NOT NULL,
     proc_start bigint NOT NULL,
+    tid integer NOT NULL,
+    thread_start bigint NOT NULL,
     started_at timestamptz NOT NULL,
     ended_at timestamptz,
     outcome text
