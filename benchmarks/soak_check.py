@@ -54,7 +54,9 @@ The invariants:
 - ``left``: at the end, after the drain, a job not done, dead or cancelled;
 - ``effect``: a guarded effect that happened more than once;
 - ``deadlock``: a worker's log (or an operator's error) saying ``deadlock detected``;
-- ``lease-lost``: see above.
+- ``lease-lost``: see above;
+- ``harness``: a run the soak could not record (its recording statement failed): the soak's own
+  failure, reported so that it never passes for a clean run.
 """
 
 from __future__ import annotations
@@ -169,6 +171,15 @@ RUN_FIELDS = (
 )  # fmt: skip
 
 EFFECTS = "SELECT key, n, job_id FROM soak_effect WHERE n > 1 ORDER BY key"
+
+# Runs the soak could not record (a handler's recording statement failed): the soak's own
+# failure, which would otherwise pass for ordinary job failures and hide every run it missed.
+UNRECORDED = """
+SELECT j.id, e ->> 'class', left(e ->> 'message', 200)
+FROM dbqueue_job AS j, jsonb_array_elements(j.errors) AS e
+WHERE e ->> 'traceback' LIKE '%%in _record%%'
+ORDER BY j.id LIMIT 20
+"""
 LEFT = """
 SELECT state, count(*), (array_agg(id ORDER BY id))[1:10] FROM dbqueue_job
 WHERE state NOT IN ('done', 'dead', 'cancelled') GROUP BY state ORDER BY state
@@ -221,6 +232,7 @@ class Checker:
         self._workflow()
         self._waiting(now)
         self._effects()
+        self._unrecorded()
         self._deadlocks()
         if final:
             self._left()
@@ -407,6 +419,15 @@ class Checker:
                         f"(for {(now - seen[key]).total_seconds():.1f}s)",
                     )
         self._waiting_seen = seen
+
+    def _unrecorded(self):
+        for job_id, cls, message in self.conn.execute(UNRECORDED).fetchall():
+            self._add(
+                "harness",
+                (job_id, cls),
+                f"job {job_id}: its run could not be recorded ({cls}: {message}); "
+                f"the soak's record is incomplete",
+            )
 
     def _effects(self):
         for key, n, job_id in self.conn.execute(EFFECTS).fetchall():
