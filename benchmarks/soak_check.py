@@ -314,6 +314,8 @@ class Checker:
         """Sweep: each moment more than ``limit`` intervals overlap, with the runs open then."""
         events = []
         for run, begin, end in intervals:
+            if end <= begin:
+                continue  # counted for no time: a zombie that started after its lease was taken
             events.append((begin, 1, run["id"], run))
             events.append((end, 0, run["id"], run))  # ends sort before starts at one instant
         events.sort(key=lambda e: (e[0], e[1], e[2]))
