@@ -24,8 +24,9 @@ with the times it saw processes die). It touches no other database. Then, for ``
   ``pg_terminate_backend`` of a worker's sessions, SIGSTOP of a worker's process group past its
   lease then SIGCONT, SIGTERM (a graceful stop, then a restart).
 
-Then a drain with everything above off (queues resumed, workers continued and restarted), and
-the final check. benchmarks/soak_check.py says what is checked and how, every few seconds while
+Then a drain with everything above off (queues resumed, workers continued and restarted) until
+every job is done, dead or cancelled, or no job changed state for ``STALL`` seconds, or
+``--drain`` seconds passed; and the final check. benchmarks/soak_check.py says what is checked and how, every few seconds while
 the soak runs and at the end. The last line is ``violations: N``; the exit status is 1 when
 N > 0.
 
@@ -68,6 +69,7 @@ QUEUE_ORDERS = ["default,limited,rated", "rated,limited,default", "limited,defau
 PAUSABLE = ["limited", "rated", "default"]
 REQUEUABLE = ("soak-work", "soak-typed", "soak-hang")  # guarded types are never run again
 WITNESS_EVERY = 0.02
+STALL = 20.0  # seconds without any job changing state that end the drain (a hang lasts 4-8 s)
 RESET_TABLES = [
     "dbqueue_job",
     "dbqueue_dependency",
@@ -87,7 +89,9 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
     parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     parser.add_argument("--database", default="dbqueue_soak", help="the soak's own database")
-    parser.add_argument("--drain", type=float, default=60.0, help="seconds the drain may take")
+    parser.add_argument(
+        "--drain", type=float, default=120.0, help="seconds the drain may take at most"
+    )
     parser.add_argument("--check-every", type=float, default=5.0, help="seconds between checks")
     parser.add_argument("--log-dir", type=Path, default=None, help="workers' logs (default: tmp)")
     args = parser.parse_args(argv)
@@ -556,16 +560,25 @@ class Soak:
             slot.down_until = None
         for name in PAUSABLE:
             resume_queue(name, by="soak")
-        deadline = time.monotonic() + self.args.drain
-        while time.monotonic() < deadline:
+        began = time.monotonic()
+        newest, changed, why = None, began, "at its limit (--drain)"
+        while time.monotonic() - began < self.args.drain:
             self.supervise()
-            (left,) = self.admin.execute(
-                "SELECT count(*) FROM dbqueue_job WHERE state NOT IN ('done', 'dead', 'cancelled')"
+            left, last = self.admin.execute(
+                "SELECT (SELECT count(*) FROM dbqueue_job "
+                "        WHERE state NOT IN ('done', 'dead', 'cancelled')), "
+                "       (SELECT max(id) FROM soak_transition)"
             ).fetchone()
             if not left:
+                why = "every job finished"
+                break
+            if last != newest:
+                newest, changed = last, time.monotonic()
+            elif time.monotonic() - changed >= STALL:
+                why = f"stalled: no job changed state for {STALL:g}s"
                 break
             time.sleep(0.25)  # the drain's poll of the table
-        self.say(f"drain: ended after {self.args.drain - (deadline - time.monotonic()):.1f}s")
+        self.say(f"drain: ended after {time.monotonic() - began:.1f}s, {why}")
 
     # -- producer --------------------------------------------------------------------------------
 
@@ -726,7 +739,7 @@ class Soak:
 
     def _produce_hang(self, d, payload, rng):
         options = {"serial_key": f"s{int(d[1] * 5)}"} if d[0] < 0.3 else {}
-        return self._one("soak-hang", {"hang": 10 + d[2] * 10}, **options)
+        return self._one("soak-hang", {"hang": 4 + d[2] * 4}, **options)
 
     # -- operator --------------------------------------------------------------------------------
 
