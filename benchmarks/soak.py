@@ -135,6 +135,32 @@ def setup(args):
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    if not schema_current():
+        # A soak database migrated by an older soakapp (its 0001 changed before any release):
+        # its tables hold nothing worth keeping, so they are made again.
+        call_command("migrate", "soakapp", "zero", verbosity=0)
+        call_command("migrate", "soakapp", verbosity=0)
+        print("re-created the soak's tables: they were made by an older benchmarks.soakapp")
+
+
+# Columns the checker and the handlers rely on that older soak databases lack.
+REQUIRED_COLUMNS = {
+    ("soak_run", "tid"),
+    ("soak_run", "thread_start"),
+    ("soak_transition", "xact_at"),
+    ("soak_transition", "attempts"),
+}
+
+
+def schema_current():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name IN ('soak_run', 'soak_transition')"
+        )
+        return set(cursor.fetchall()) >= REQUIRED_COLUMNS
 
 
 def db_connect(name):
