@@ -1,0 +1,1000 @@
+"""The invariant soak: workers, producers, operators and faults interleaved, every promise checked.
+
+    python benchmarks/soak.py --minutes 30 --seed 1234
+    python benchmarks/soak.py --minutes 2 --seed 1234 --workers 4 --database dbqueue_soak_mine
+
+It creates (if missing) and migrates its own database (``--database``, default ``dbqueue_soak``;
+the name must contain "soak", since every run empties its tables), on the server of
+``DATABASE_URL``, which must run on this machine (the checker compares the database's clock
+with the times it saw processes die). It touches no other database. Then, for ``--minutes``:
+
+- ``--workers`` real ``run_jobqueue`` processes, alternately ``--execution thread`` and
+  ``--execution process``, serving the queues in different orders; a worker that exits is
+  started again (the soak is their supervisor);
+- a producer enqueues plain jobs, jobs on the queue with a fleet-wide concurrency limit
+  (``limited``: 2), on the rate-limited queue (``rated``: 4/s per ``acct``), of a type with its
+  own limits (``soak-typed``: 2 at once, 6/s per ``acct``, in any queue), jobs with serial keys
+  and unique keys, chains, groups with a callback, graphs with ``on_failure="run"`` edges, jobs
+  depending on jobs already enqueued (some inside a transaction it keeps open for seconds),
+  guarded effects (a delivery record; an atomic handler) and handlers that hang past their
+  timeout;
+- an operator requeues dead and cancelled jobs (by id, and all dead ones at once), cancels
+  pending, waiting and running jobs, pauses queues and resumes them;
+- faults: ``kill -9`` of a worker's process group (started again a little later),
+  ``pg_terminate_backend`` of a worker's sessions, SIGSTOP of a worker's process group past its
+  lease then SIGCONT, SIGTERM (a graceful stop, then a restart).
+
+Then a drain with everything above off (queues resumed, workers continued and restarted) until
+every job is done, dead or cancelled, or no job changed state for ``STALL`` seconds, or
+``--drain`` seconds passed; and the final check. benchmarks/soak_check.py says what is checked and how, every few seconds while
+the soak runs and at the end. The last line is ``violations: N``; the exit status is 1 when
+N > 0.
+
+**Replay.** The seed is printed first. Time is cut into steps of ``STEP`` seconds; each actor
+(producer, operator, faults) draws every decision from its own ``random.Random`` seeded with the
+seed and its name, at every step, whether or not it acts, so the same seed gives the same
+schedule: at step s the same actor does the same kind of action with the same payloads,
+delays, workers and durations. What cannot be replayed exactly: the operating system's
+scheduling and the database's timing, hence which jobs are dead, running or pending when an
+operator picks among them (it picks by a drawn fraction of the sorted candidates), which jobs a
+fault hits, and when steps run late on a loaded machine (a step never runs early; a late one
+runs at once). ``schedule.log`` in ``--log-dir`` lists the schedule as decided (step, actor,
+action, draws): two runs of one seed write the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import datetime
+import io
+import os
+import queue
+import random
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+STEP = 0.1  # seconds per step of the schedule
+QUEUE_ORDERS = ["default,limited,rated", "rated,limited,default", "limited,default,rated"]
+PAUSABLE = ["limited", "rated", "default"]
+REQUEUABLE = ("soak-work", "soak-typed", "soak-hang")  # guarded types are never run again
+WITNESS_EVERY = 0.02
+STALL = 20.0  # seconds without any job changing state that end the drain (a hang lasts 4-8 s)
+RESET_TABLES = [
+    "dbqueue_job",
+    "dbqueue_dependency",
+    "dbqueue_delivery",
+    "dbqueue_queue",
+    "dbqueue_limiter",
+    "soak_run",
+    "soak_effect",
+    "soak_transition",
+    "soak_witness",
+]
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=2.0, help="length of the action phase")
+    parser.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
+    parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
+    parser.add_argument("--database", default="dbqueue_soak", help="the soak's own database")
+    parser.add_argument(
+        "--drain", type=float, default=120.0, help="seconds the drain may take at most"
+    )
+    parser.add_argument("--check-every", type=float, default=5.0, help="seconds between checks")
+    parser.add_argument("--log-dir", type=Path, default=None, help="workers' logs (default: tmp)")
+    args = parser.parse_args(argv)
+    if "soak" not in args.database:
+        parser.error("--database must contain 'soak': the soak empties its tables at every run")
+    if args.workers < 2:
+        parser.error("--workers must be at least 2 (one per execution mode)")
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 10**9)
+    return args
+
+
+def setup(args):
+    """Point Django at the soak database (created when missing) and migrate it."""
+    import environ
+    import psycopg
+
+    os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    os.environ["DBQUEUE_SOAK_DATABASE"] = args.database
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.soak_settings"
+    os.environ.pop("DBQUEUE_SOAK_WORKER", None)
+    server = environ.Env.db_url_config(os.environ["DATABASE_URL"])
+    params = {
+        "host": server.get("HOST") or None,
+        "port": server.get("PORT") or None,
+        "user": server.get("USER") or None,
+        "password": server.get("PASSWORD") or None,
+        "dbname": "postgres",
+    }
+    with psycopg.connect(**{k: v for k, v in params.items() if v}, autocommit=True) as conn:
+        if not conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [args.database]
+        ).fetchone():
+            conn.execute(
+                psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(args.database))
+            )
+            print(f"created database {args.database}")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    if not schema_current():
+        # A soak database migrated by an older soakapp (its 0001 changed before any release):
+        # its tables hold nothing worth keeping, so they are made again.
+        call_command("migrate", "soakapp", "zero", verbosity=0)
+        call_command("migrate", "soakapp", verbosity=0)
+        print("re-created the soak's tables: they were made by an older benchmarks.soakapp")
+
+
+# Columns the checker and the handlers rely on that older soak databases lack.
+REQUIRED_COLUMNS = {
+    ("soak_run", "tid"),
+    ("soak_run", "thread_start"),
+    ("soak_transition", "xact_at"),
+    ("soak_transition", "attempts"),
+}
+
+
+def schema_current():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name IN ('soak_run', 'soak_transition')"
+        )
+        return set(cursor.fetchall()) >= REQUIRED_COLUMNS
+
+
+def db_connect(name):
+    import psycopg
+
+    from django_dbqueue.connections import connection_params
+
+    return psycopg.connect(
+        **{**connection_params("default"), "application_name": name}, autocommit=True
+    )
+
+
+class Clock:
+    """This process's clock in the database's: ``time.time()`` plus the offset measured once."""
+
+    def __init__(self, conn):
+        best = None
+        for _ in range(7):
+            before = time.time()
+            (db,) = conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
+            after = time.time()
+            if best is None or after - before < best[0]:
+                best = (after - before, float(db) - (before + after) / 2)
+        self.offset = best[1]
+
+    def db(self, at=None):
+        at = time.time() if at is None else at
+        return datetime.datetime.fromtimestamp(at + self.offset, datetime.UTC)
+
+
+# -- the fleet ----------------------------------------------------------------------------------
+
+
+class Slot:
+    """One worker of the fleet: its mode and queues, and the process serving it now."""
+
+    def __init__(self, soak, index):
+        self.soak = soak
+        self.index = index
+        self.mode = "thread" if index % 2 == 0 else "process"
+        self.queues = QUEUE_ORDERS[index % len(QUEUE_ORDERS)]
+        self.concurrency = "3" if self.mode == "thread" else "2"
+        self.starts = 0
+        self.process = None
+        self.tag = None
+        self.down_until = None  # step: killed, started again then
+        self.stopped = None  # the fault entry while SIGSTOPped
+        self.log = soak.log_dir / f"worker{index}.log"
+
+    def start(self):
+        self.starts += 1
+        self.tag = f"w{self.index}.{self.starts}"
+        env = dict(os.environ)
+        env.update(DBQUEUE_SOAK_WORKER=self.tag, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        with open(self.log, "ab") as log:
+            log.write(f"=== {self.tag} ({self.mode}) started at step {self.soak.step}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "django",
+                    "run_jobqueue",
+                    "--settings",
+                    "benchmarks.soak_settings",
+                    "--queues",
+                    self.queues,
+                    "--concurrency",
+                    self.concurrency,
+                    "--execution",
+                    self.mode,
+                ],
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # its own process group: handler children included
+            )
+        threading.Thread(target=self._reap, args=(self.process, self.tag), daemon=True).start()
+
+    def _reap(self, process, tag):
+        code = process.wait()
+        self.soak.facts.worker_deaths[tag] = self.soak.clock.db()
+        if not self.soak.stopping.is_set():  # not the soak's own kill at the end
+            self.soak.exits[code] += 1
+
+    def alive(self):
+        return self.process is not None and self.process.poll() is None
+
+    def signal_group(self, signum):
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signum)
+
+
+# -- background threads -------------------------------------------------------------------------
+
+
+class Witness(threading.Thread):
+    """Writes ``pg_current_snapshot()`` with the clock every few ms (soak_check's commits)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.stop = threading.Event()
+
+    def run(self):
+        conn = None
+        while not self.stop.is_set():
+            try:
+                conn = conn or db_connect("soak witness")
+                conn.execute(
+                    "INSERT INTO soak_witness (at, snap) "
+                    "VALUES (clock_timestamp(), pg_current_snapshot())"
+                )
+            except Exception:
+                conn = None
+            self.stop.wait(WITNESS_EVERY)
+
+
+def process_start(pid):
+    """Field 22 of /proc/<pid>/stat, as the handler recorded it (soakapp.jobs.process_start)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
+
+
+def thread_start(pid, tid):
+    """Field 22 of /proc/<pid>/task/<tid>/stat, as the handler recorded it."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
+
+
+class DeathWatch(threading.Thread):
+    """Records when the process and the thread of each run with no end died.
+
+    A process: a pidfd becomes readable when it exits, whoever its parent is. A thread: its
+    ``/proc/<pid>/task/<tid>`` is gone (or names another thread), which also happens when its
+    process replaces its image in place (a worker restarting itself with ``os.execv`` keeps its
+    pid, not its handler threads). The time recorded is the last moment it was *known alive*:
+    the clock read just before the look that still found it. It died after that, by at most one
+    turn of this loop (about 10 ms for a process, 50 ms for a thread, more on a loaded
+    machine). A run with no end is counted until then, never later: the checker may miss an
+    overlap shorter than a turn, but cannot report one that did not happen."""
+
+    SCAN_EVERY = 0.05  # seconds between two looks at the runs with no end and their threads
+    TURN = 10  # milliseconds a poll() waits
+
+    def __init__(self, soak):
+        super().__init__(daemon=True)
+        self.soak = soak
+        self.stop = threading.Event()
+        self.fds = {}  # fd -> (pid, proc_start)
+        self.alive_at = {}  # fd -> database time at which it was last known alive
+        self.known = set()  # processes watched once
+        self.threads = {}  # run id -> [(pid, tid, thread_start), last known alive]
+
+    def run(self):
+        poller = select.poll()
+        conn, scanned = None, 0.0
+        while not self.stop.is_set():
+            if time.monotonic() - scanned >= self.SCAN_EVERY:
+                scanned = time.monotonic()
+                try:
+                    conn = conn or db_connect("soak deathwatch")
+                    rows = conn.execute(
+                        "SELECT id, pid, proc_start, tid, thread_start, started_at FROM soak_run "
+                        "WHERE ended_at IS NULL"
+                    ).fetchall()
+                except Exception:
+                    conn, rows = None, None
+                if rows is not None:
+                    self._scan(poller, rows)
+            before = self.soak.clock.db()
+            ready = {fd for fd, _event in poller.poll(self.TURN)}
+            for fd in list(self.fds):
+                if fd not in ready:
+                    self.alive_at[fd] = before  # unreadable at poll()'s entry, after `before`
+                    continue
+                self.soak.facts.deaths[self.fds.pop(fd)] = self.alive_at.pop(fd)
+                poller.unregister(fd)
+                os.close(fd)
+
+    def _scan(self, poller, rows):
+        facts = self.soak.facts
+        open_runs = set()
+        for run_id, pid, proc_start, tid, started_thread, started in rows:
+            open_runs.add(run_id)
+            if (pid, proc_start) not in self.known:
+                self.known.add((pid, proc_start))
+                self._watch(poller, pid, proc_start, started)
+            thread = (pid, tid, started_thread)
+            if run_id not in self.threads and thread not in facts.thread_deaths:
+                self.threads[run_id] = [thread, started]  # it recorded its start: alive then
+        for run_id in set(self.threads) - open_runs:
+            del self.threads[run_id]  # it ended: its end is recorded
+        before = self.soak.clock.db()
+        for run_id, (thread, alive) in list(self.threads.items()):
+            pid, tid, started_thread = thread
+            try:
+                same = thread_start(pid, tid) == started_thread
+            except (OSError, ValueError, IndexError):
+                same = False
+            if same:
+                self.threads[run_id][1] = before
+                continue
+            facts.thread_deaths[thread] = alive
+            del self.threads[run_id]
+
+    def _watch(self, poller, pid, proc_start, started):
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            fd = None
+        if fd is not None:
+            try:
+                same = process_start(pid) == proc_start
+            except OSError:
+                same = False
+            if same:
+                self.fds[fd] = (pid, proc_start)
+                self.alive_at[fd] = started  # it recorded the run's start: alive then
+                poller.register(fd, select.POLLIN)
+                return
+            os.close(fd)
+        # Gone before we looked: its death is known only to be after its start.
+        self.soak.facts.deaths[(pid, proc_start)] = None
+        self.soak.unseen_deaths += 1
+
+
+class Holder(threading.Thread):
+    """Runs workflow inserts inside transactions it keeps open (issue 25, race 4)."""
+
+    def __init__(self, soak):
+        super().__init__(daemon=True)
+        self.soak = soak
+        self.tasks = queue.SimpleQueue()
+
+    def run(self):
+        from django.db import connection, transaction
+
+        from django_dbqueue import enqueue
+
+        while True:
+            task = self.tasks.get()
+            if task is None:
+                connection.close()
+                return
+            depends_on, payload, hold = task
+            if self.soak.draining.is_set():
+                continue  # the producer is off
+            entry = ["hold", depends_on, self.soak.clock.db(), None]
+            self.soak.facts.holds.append(entry)
+            try:
+                with transaction.atomic():
+                    enqueue("soak-work", payload, depends_on=depends_on, on_failure="run")
+                    time.sleep(hold)  # the open transaction is the fault itself
+            except Exception as exc:
+                self.soak.note_error("holder", exc)
+            finally:
+                entry[3] = self.soak.clock.db()
+
+
+# -- the soak -----------------------------------------------------------------------------------
+
+
+class Soak:
+    def __init__(self, args):
+        import tempfile
+
+        from benchmarks import soak_settings
+        from benchmarks.soak_check import Checker, Facts
+
+        self.args = args
+        self.step = 0
+        self.log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix=f"{args.database}-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.admin = db_connect("soak admin")
+        self.clock = Clock(self.admin)
+        self.facts = Facts(lease=soak_settings.LEASE, sweep=soak_settings.SWEEP_INTERVAL)
+        self.exits = collections.Counter()
+        self.unseen_deaths = 0
+        self.counts = collections.Counter()
+        self.rng = {
+            name: random.Random(f"{args.seed}:{name}") for name in ("producer", "operator", "fault")
+        }
+        self.slots = [Slot(self, i) for i in range(args.workers)]
+        self.events = collections.defaultdict(list)  # step -> [callable]
+        self.recent = collections.deque(maxlen=40)  # ids enqueued lately
+        self.checker = Checker(
+            db_connect("soak checker"), self.facts, lambda: [s.log for s in self.slots]
+        )
+        self.check_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.draining = threading.Event()
+        self.holder = Holder(self)
+        self.schedule = open(self.log_dir / "schedule.log", "w")  # noqa: SIM115 - closed in run()
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def note_error(self, who, exc):
+        text = f"{who} at step {self.step}: {type(exc).__name__}: {exc}".strip()
+        self.facts.errors.append(text)
+        self.counts[f"{who} errors"] += 1
+
+    def plan(self, actor, kind, draws, detail=""):
+        """One line of the schedule (``schedule.log``): what the seed decided at this step.
+        Two runs of one seed write the same file; the jobs an action hit are not in it."""
+        numbers = " ".join(f"{x:.6f}" for x in draws)
+        self.schedule.write(f"{self.step} {actor} {kind} [{numbers}] {detail}\n")
+
+    def at(self, step, action):
+        self.events[step].append(action)
+
+    def say(self, text):
+        print(f"[step {self.step:5d}] {text}", flush=True)
+
+    def reset(self):
+        present = {
+            name
+            for (name,) in self.admin.execute(
+                "SELECT tablename FROM pg_tables WHERE tablename = ANY(%s)", [RESET_TABLES]
+            ).fetchall()
+        }
+        tables = ", ".join(t for t in RESET_TABLES if t in present)
+        self.admin.execute(f"TRUNCATE {tables} RESTART IDENTITY")
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self):
+        args = self.args
+        print(
+            f"soak seed: {args.seed}  (replay: python benchmarks/soak.py --minutes {args.minutes:g}"
+            f" --seed {args.seed} --workers {args.workers} --database {args.database})",
+            flush=True,
+        )
+        print(f"database {args.database}, worker logs in {self.log_dir}", flush=True)
+        self.reset()
+        witness, deathwatch, holder = Witness(), DeathWatch(self), self.holder
+        for thread in (witness, deathwatch, holder):
+            thread.start()
+        checker = threading.Thread(target=self._check_loop, daemon=True)
+        for slot in self.slots:
+            slot.start()
+        checker.start()
+        steps = int(args.minutes * 60 / STEP)
+        began = time.monotonic()
+        try:
+            for self.step in range(steps):
+                for action in self.events.pop(self.step, ()):
+                    action()
+                self.supervise()
+                self.produce(self.rng["producer"])
+                self.operate(self.rng["operator"])
+                self.inject(self.rng["fault"])
+                delay = began + (self.step + 1) * STEP - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)  # the schedule's pace; a late step runs at once
+            self.drain()
+        finally:
+            self.stopping.set()
+            checker.join()
+            with self.check_lock:
+                self.checker.check(final=True)
+            holder.tasks.put(None)
+            witness.stop.set()
+            deathwatch.stop.set()
+            for slot in self.slots:
+                slot.signal_group(signal.SIGCONT)
+                slot.signal_group(signal.SIGKILL)
+            self.dump_facts()
+            self.schedule.close()
+        return self.report()
+
+    def dump_facts(self):
+        """What the soak knew, for a post-mortem: deaths, faults, holds, errors."""
+        import json
+
+        facts = self.facts
+        (self.log_dir / "facts.json").write_text(
+            json.dumps(
+                {
+                    "seed": self.args.seed,
+                    "deaths": [[pid, ps, at] for (pid, ps), at in facts.deaths.items()],
+                    "thread_deaths": [[*key, at] for key, at in facts.thread_deaths.items()],
+                    "worker_deaths": facts.worker_deaths,
+                    "faults": facts.faults,
+                    "holds": facts.holds,
+                    "errors": facts.errors,
+                },
+                default=str,
+                indent=1,
+            )
+        )
+
+    def _check_loop(self):
+        while not self.stopping.wait(self.args.check_every):
+            with self.check_lock:
+                try:
+                    new = self.checker.check()
+                except Exception as exc:
+                    self.say(f"check failed: {type(exc).__name__}: {exc}")
+                    continue
+            for violation in new:
+                self.say(f"VIOLATION [{violation.kind}] {violation.text}")
+
+    def supervise(self):
+        for slot in self.slots:
+            if slot.process is not None and not slot.alive() and slot.down_until is None:
+                slot.stopped = None
+                slot.start()
+
+    def drain(self):
+        from django_dbqueue import resume_queue
+
+        self.say("drain: producers, operators and faults off")
+        self.draining.set()
+        self.events.clear()
+        for slot in self.slots:
+            if slot.stopped is not None:
+                slot.stopped[3] = self.clock.db()
+                slot.stopped = None
+            slot.signal_group(signal.SIGCONT)
+            slot.down_until = None
+        for name in PAUSABLE:
+            resume_queue(name, by="soak")
+        began = time.monotonic()
+        newest, changed, why = None, began, "at its limit (--drain)"
+        while time.monotonic() - began < self.args.drain:
+            self.supervise()
+            left, last = self.admin.execute(
+                "SELECT (SELECT count(*) FROM dbqueue_job "
+                "        WHERE state NOT IN ('done', 'dead', 'cancelled')), "
+                "       (SELECT max(id) FROM soak_transition)"
+            ).fetchone()
+            if not left:
+                why = "every job finished"
+                break
+            if last != newest:
+                newest, changed = last, time.monotonic()
+            elif time.monotonic() - changed >= STALL:
+                why = f"stalled: no job changed state for {STALL:g}s"
+                break
+            time.sleep(0.25)  # the drain's poll of the table
+        self.say(f"drain: ended after {time.monotonic() - began:.1f}s, {why}")
+
+    # -- producer --------------------------------------------------------------------------------
+
+    PRODUCE = [
+        ("plain", 20),
+        ("limited", 10),
+        ("typed", 8),
+        ("rated", 8),
+        ("serial", 14),
+        ("unique", 6),
+        ("chain", 6),
+        ("group", 6),
+        ("graph", 6),
+        ("after", 4),
+        ("held", 2),
+        ("delivery", 4),
+        ("atomic", 4),
+        ("hang", 2),
+        ("partitions", 4),
+    ]
+
+    def payload(self, rng, *, fail_rate=0.25):
+        roll = rng.random()
+        fail = [] if roll >= fail_rate else ([1] if roll < fail_rate / 2 else [1, 2, 3])
+        return {
+            "ms": rng.choice([20, 50, 100, 200, 400]),
+            "fail": fail,
+            "ignore_cancel": rng.random() < 0.3,
+        }
+
+    def produce(self, rng):
+        act = rng.random() < 0.45
+        kind = rng.choices([k for k, _ in self.PRODUCE], [w for _, w in self.PRODUCE])[0]
+        draws = [rng.random() for _ in range(8)]  # the action's own choices, drawn every step
+        payload = self.payload(rng)
+        if not act:
+            return
+        self.plan("producer", kind, draws, payload)
+        try:
+            ids = getattr(self, f"_produce_{kind}")(draws, payload, rng)
+        except Exception as exc:
+            self.note_error(f"producer {kind}", exc)
+            return
+        self.counts[f"produce {kind}"] += 1
+        self.recent.extend(ids)
+
+    def _one(self, job_type="soak-work", payload=None, **options):
+        from django_dbqueue import enqueue
+
+        return [enqueue(job_type, payload or {}, **options).id]
+
+    def _produce_plain(self, d, payload, rng):
+        return self._one(payload=payload)
+
+    def _produce_limited(self, d, payload, rng):
+        return self._one(payload=payload, queue="limited")
+
+    @staticmethod
+    def _acct(d):
+        """Half of the jobs on three hot partitions (their windows fill), half on new ones
+        (each creates its limiter row in the claim: issue 25's race 7 needs new keys)."""
+        return f"a{int(d[3] * 3)}" if d[2] < 0.5 else f"n{int(d[3] * 100_000)}"
+
+    def _produce_typed(self, d, payload, rng):
+        payload["acct"] = self._acct(d)
+        return self._one("soak-typed", payload, queue=PAUSABLE[int(d[1] * 3)])
+
+    def _produce_rated(self, d, payload, rng):
+        payload["acct"] = self._acct(d)
+        return self._one(payload=payload, queue="rated")
+
+    def _produce_partitions(self, d, payload, rng):
+        """Jobs of two new rate partitions at once, in every queue and as the keyed type, in
+        one statement: claims serving the queues in other orders meet both new keys together
+        (issue 25, race 7: two claims creating limiter rows in opposite orders)."""
+        from django_dbqueue import enqueue_many
+
+        one, two = f"p{int(d[0] * 10**9)}", f"q{int(d[1] * 10**9)}"
+        items = [{"type": "soak-work", "payload": {**payload, "acct": a}, "queue": "rated"}
+                 for a in (one, two)]  # fmt: skip
+        items += [
+            {"type": "soak-typed", "payload": {**payload, "acct": a}, "queue": q}
+            for a in (two, one)
+            for q in PAUSABLE
+        ]
+        return [j.id for j in enqueue_many(items)]
+
+    def _produce_serial(self, d, payload, rng):
+        queue_name = "limited" if d[1] < 0.3 else "default"
+        return self._one(payload=payload, queue=queue_name, serial_key=f"s{int(d[0] * 5)}")
+
+    def _produce_unique(self, d, payload, rng):
+        mode = "pending" if d[1] < 0.5 else "active"
+        return self._one(payload=payload, unique_key=f"u{int(d[0] * 5)}", unique_while=mode)
+
+    def _member(self, rng):
+        payload = self.payload(rng, fail_rate=0.35)
+        return {"type": "soak-work", "payload": payload, "max_attempts": 2}
+
+    def _produce_chain(self, d, payload, rng):
+        from django_dbqueue import chain
+
+        members = [self._member(rng) for _ in range(2 + int(d[0] * 3))]
+        return [j.id for j in chain(*members)]
+
+    def _produce_group(self, d, payload, rng):
+        from django_dbqueue import group
+
+        members = [self._member(rng) for _ in range(2 + int(d[0] * 3))]
+        then = {"type": "soak-work", "payload": payload}
+        if d[1] < 0.5:
+            then["on_failure"] = "run"
+        return [j.id for j in group(*members, then=then)]
+
+    def _produce_graph(self, d, payload, rng):
+        from django_dbqueue import workflow
+
+        wf = workflow()
+        a = wf.add("soak-work", self._member(rng)["payload"], max_attempts=2)
+        b = wf.add("soak-work", self._member(rng)["payload"], max_attempts=2)
+        c = wf.add("soak-work", self._member(rng)["payload"], depends_on=[a], max_attempts=2)
+        wf.add("soak-work", payload, depends_on=[a, b, c], on_failure="run")
+        if d[0] < 0.5:
+            wf.add("soak-work", payload, depends_on=[b, c], serial_key=f"s{int(d[1] * 5)}")
+        return [j.id for j in wf.enqueue()]
+
+    def _candidates(self, sql, params=()):
+        return [row[0] for row in self.admin.execute(sql, params).fetchall()]
+
+    def _produce_after(self, d, payload, rng):
+        """One job depending on jobs enqueued lately (some running now)."""
+        recent = sorted(self.recent)
+        if not recent:
+            return []
+        picks = sorted({recent[int(x * len(recent))] for x in d[:2]})
+        live = self._candidates(
+            "SELECT id FROM dbqueue_job WHERE id = ANY(%s) AND state NOT IN ('dead', 'cancelled')",
+            [picks],
+        )
+        if not live:
+            return []
+        on_failure = "run" if d[2] < 0.5 else "cancel"
+        return self._one(payload=payload, depends_on=live, on_failure=on_failure)
+
+    def _produce_held(self, d, payload, rng):
+        """A workflow insert depending on a running job, in a transaction held for seconds."""
+        running = self._candidates("SELECT id FROM dbqueue_job WHERE state = 'running' ORDER BY id")
+        hold = 1.0 + d[1] * 6.0
+        if running:
+            self.holder.tasks.put(([running[int(d[0] * len(running))]], payload, hold))
+        return []
+
+    def _produce_delivery(self, d, payload, rng):
+        return self._one("soak-deliver", payload)
+
+    def _produce_atomic(self, d, payload, rng):
+        return self._one("soak-atomic", payload)
+
+    def _produce_hang(self, d, payload, rng):
+        options = {"serial_key": f"s{int(d[1] * 5)}"} if d[0] < 0.3 else {}
+        return self._one("soak-hang", {"hang": 4 + d[2] * 4}, **options)
+
+    # -- operator --------------------------------------------------------------------------------
+
+    OPERATE = [("requeue", 5), ("requeue-dead", 1), ("requeue-serial", 3), ("requeue-dependency", 3),
+               ("cancel", 3), ("cancel-running", 3), ("pause", 2)]  # fmt: skip
+
+    # Requeues aimed where issue 25 found races: an older job of a serial key while newer ones
+    # of the key are pending or running (a claim of a newer one may be under way), and a failed
+    # dependency while another dependency of its dependent is running (its completion may be
+    # under way).
+    REQUEUE_SERIAL = """
+        SELECT o.id FROM dbqueue_job AS o
+        WHERE o.state IN ('dead', 'cancelled') AND o.serial_key IS NOT NULL AND o.type = ANY(%s)
+          AND EXISTS (SELECT 1 FROM dbqueue_job AS n
+                      WHERE n.serial_key = o.serial_key AND n.id > o.id
+                        AND n.state IN ('pending', 'running'))
+        ORDER BY o.id
+    """
+    REQUEUE_DEPENDENCY = """
+        SELECT DISTINCT f.id FROM dbqueue_job AS f
+        JOIN dbqueue_dependency AS e ON e.depends_on_id = f.id
+        JOIN dbqueue_dependency AS o ON o.job_id = e.job_id AND o.depends_on_id <> f.id
+        JOIN dbqueue_job AS r ON r.id = o.depends_on_id
+        WHERE f.state IN ('dead', 'cancelled') AND f.type = ANY(%s) AND r.state = 'running'
+        ORDER BY f.id
+    """
+
+    def operate(self, rng):
+        act = rng.random() < 0.08
+        kind = rng.choices([k for k, _ in self.OPERATE], [w for _, w in self.OPERATE])[0]
+        draws = [rng.random() for _ in range(4)]
+        if not act:
+            return
+        self.plan("operator", kind, draws)
+        try:
+            getattr(self, f"_operate_{kind.replace('-', '_')}")(draws)
+        except Exception as exc:
+            self.note_error(f"operator {kind}", exc)
+            return
+        self.counts[f"operator {kind}"] += 1
+
+    def _pick(self, d, sql, params, n):
+        found = self._candidates(sql, params)
+        if not found:
+            return []
+        return sorted({found[int(x * len(found))] for x in d[:n]})
+
+    def _operate_requeue(self, d):
+        from django.core.management import call_command
+
+        ids = self._pick(
+            d,
+            "SELECT id FROM dbqueue_job WHERE state IN ('dead', 'cancelled') AND type = ANY(%s) "
+            "ORDER BY id",
+            [list(REQUEUABLE)],
+            1 + int(d[3] * 3),
+        )
+        if ids:
+            call_command("jobqueue_requeue", ids=ids, stdout=io.StringIO(), stderr=io.StringIO())
+
+    def _operate_requeue_serial(self, d):
+        from django.core.management import call_command
+
+        ids = self._pick(d, self.REQUEUE_SERIAL, [list(REQUEUABLE)], 1)
+        if ids:
+            call_command("jobqueue_requeue", ids=ids, stdout=io.StringIO(), stderr=io.StringIO())
+
+    def _operate_requeue_dependency(self, d):
+        from django.core.management import call_command
+
+        ids = self._pick(d, self.REQUEUE_DEPENDENCY, [list(REQUEUABLE)], 1)
+        if ids:
+            call_command("jobqueue_requeue", ids=ids, stdout=io.StringIO(), stderr=io.StringIO())
+
+    def _operate_requeue_dead(self, d):
+        from django.core.management import call_command
+
+        call_command(
+            "jobqueue_requeue", dead=True, type="soak-work", stdout=io.StringIO(),
+            stderr=io.StringIO(),
+        )  # fmt: skip
+
+    def _operate_cancel(self, d):
+        from django_dbqueue import cancel
+
+        ids = self._pick(
+            d,
+            "SELECT id FROM dbqueue_job WHERE state IN ('pending', 'waiting') ORDER BY id",
+            [],
+            1 + int(d[3] * 3),
+        )
+        if ids:
+            cancel(ids, by="soak")
+
+    def _operate_cancel_running(self, d):
+        from django_dbqueue import cancel
+
+        ids = self._pick(d, "SELECT id FROM dbqueue_job WHERE state = 'running' ORDER BY id", [], 1)
+        if ids:
+            cancel(ids, by="soak")
+
+    def _operate_pause(self, d):
+        from django_dbqueue import pause_queue, resume_queue
+
+        name = PAUSABLE[int(d[0] * len(PAUSABLE))]
+        pause_queue(name, by="soak")
+
+        def resume():
+            try:
+                resume_queue(name, by="soak")
+                self.counts["operator resume"] += 1
+            except Exception as exc:
+                self.note_error("operator resume", exc)
+
+        self.at(self.step + 10 + int(d[1] * 30), resume)
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    FAULTS = [("kill", 3), ("terminate", 3), ("stop", 2), ("sigterm", 1)]
+
+    def inject(self, rng):
+        act = rng.random() < 0.02
+        kind = rng.choices([k for k, _ in self.FAULTS], [w for _, w in self.FAULTS])[0]
+        slot = self.slots[int(rng.random() * len(self.slots))]
+        length = rng.random()
+        if not act:
+            return
+        self.plan("fault", kind, [length], f"worker slot {slot.index}")
+        if not slot.alive() or slot.stopped is not None or slot.down_until is not None:
+            self.counts["fault skipped (worker down or stopped)"] += 1
+            return
+        getattr(self, f"_fault_{kind}")(slot, length)
+        self.counts[f"fault {kind}"] += 1
+
+    def _fault_kill(self, slot, length):
+        now = self.clock.db()
+        self.facts.faults.append(["kill", slot.tag, now, now])
+        slot.signal_group(signal.SIGKILL)
+        slot.down_until = self.step + 5 + int(length * 20)
+
+        def restart():
+            slot.down_until = None
+            if not slot.alive():
+                slot.start()
+
+        self.at(slot.down_until, restart)
+
+    def _fault_terminate(self, slot, length):
+        now = self.clock.db()
+        self.facts.faults.append(["terminate", slot.tag, now, now])
+        self.admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = %s",
+            [f"soak {slot.tag}"],
+        )
+
+    def _fault_stop(self, slot, length):
+        from benchmarks import soak_settings
+
+        entry = ["stop", slot.tag, self.clock.db(), None]
+        self.facts.faults.append(entry)
+        slot.signal_group(signal.SIGSTOP)
+        slot.stopped = entry
+        seconds = soak_settings.LEASE + 1.5 + length * 2.0
+
+        def resume():
+            if slot.stopped is entry:
+                entry[3] = self.clock.db()
+                slot.signal_group(signal.SIGCONT)
+                slot.stopped = None
+
+        self.at(self.step + int(seconds / STEP), resume)
+
+    def _fault_sigterm(self, slot, length):
+        self.facts.faults.append(["sigterm", slot.tag, self.clock.db(), None])
+        slot.signal_group(signal.SIGTERM)
+
+    # -- the report ------------------------------------------------------------------------------
+
+    def report(self):
+        states = dict(
+            self.admin.execute("SELECT state, count(*) FROM dbqueue_job GROUP BY state").fetchall()
+        )
+        (runs,) = self.admin.execute("SELECT count(*) FROM soak_run").fetchone()
+        violations = list(self.checker.found.values())
+        producer = {k[8:]: v for k, v in self.counts.items() if k.startswith("produce ")}
+        operator = {k[9:]: v for k, v in self.counts.items() if k.startswith("operator ")}
+        faults = {k[6:]: v for k, v in self.counts.items() if k.startswith("fault ")}
+        errors = {k: v for k, v in self.counts.items() if k.endswith(" errors")}
+        print()
+        print(f"seed: {self.args.seed}  steps: {self.step + 1}  workers: {self.args.workers}")
+        print(f"jobs: {sum(states.values())} {dict(sorted(states.items()))}")
+        print(
+            f"runs: {runs} (zombie runs past a lease taken over: {len(self.checker.zombies)}; "
+            f"deaths unseen: {self.unseen_deaths})"
+        )
+        print(f"producer actions: {sum(producer.values())} {dict(sorted(producer.items()))}")
+        print(
+            f"operator actions: {sum(v for k, v in operator.items() if 'errors' not in k)} "
+            f"{dict(sorted(operator.items()))}"
+        )
+        print(
+            f"faults injected: {sum(v for k, v in faults.items() if 'skipped' not in k)} "
+            f"{dict(sorted(faults.items()))}"
+        )
+        print(f"worker exits by code: {dict(sorted(self.exits.items()))}")
+        if errors:
+            print(f"action errors: {errors}")
+            for text in self.facts.errors[:10]:
+                print(f"  {text}")
+        counts = self.checker.counts()
+        print(f"violations by kind: {dict(sorted(counts.items()))}")
+        shown = collections.Counter()
+        for violation in violations:
+            shown[violation.kind] += 1
+            if shown[violation.kind] <= 5:
+                print(f"  [{violation.kind}] {violation.text}")
+        for kind, n in counts.items():
+            if n > 5:
+                print(f"  [{kind}] ... and {n - 5} more")
+        print(f"violations: {len(violations)}", flush=True)
+        return 1 if violations else 0
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    setup(args)
+    return Soak(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

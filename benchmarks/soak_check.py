@@ -1,0 +1,453 @@
+"""The invariant soak's checker (benchmarks/soak.py runs it every few seconds and at the end).
+
+Everything it reads was written by the database or by the handlers, with ``clock_timestamp()``
+(benchmarks/soakapp): runs (``soak_run``), every state change of every job
+(``soak_transition``, by a trigger, in the changing transaction), snapshots with their clock
+(``soak_witness``), guarded effects (``soak_effect``); plus what the soak itself knows: when
+each process died, and which faults it injected into which worker, when.
+
+**When a run ends.** At its recorded end; a run with no end is still running until its process
+or its thread is known dead, so a hung handler still running counts, as the issue asks. The
+soak watches every such run's process (a pidfd) and thread (``/proc/<pid>/task/<tid>``, gone
+too when the worker replaces its image in place) and takes as the death the last moment it was
+known alive (benchmarks/soak.py, ``DeathWatch``): a run is never counted past its death, at the
+price of missing an overlap shorter than the watch's turn (10 to 50 ms).
+
+**Runs whose lease was taken over.** When the sweeper takes a job back from a run whose lease
+expired (a ``LeaseExpired`` entry written over that run's lease token), the run stops counting
+for limits and serial keys at that moment *if the soak made its worker unable to heartbeat in
+the lease before it*: it SIGSTOPped the worker's process group (past the lease, then SIGCONT),
+terminated its database sessions, or killed it. The reason: a stopped process cannot be told
+from a dead one, and docs/concepts.md ("Concurrency limits", "At-least-once delivery") chooses
+to give a silent worker's slot back at lease expiry plus one sweep, so that a crashed worker
+does not hold a limit or a key forever; such a zombie resumes after SIGCONT and runs beside the
+job's next run, which is the documented price. These overlaps are counted and printed as
+``zombie`` runs, not violations. A lease taken over from a worker the soak did *not* fault
+(alive, not stopped, connected) is itself a violation (``lease-lost``): nothing excuses it, and
+its run keeps counting until it really ends.
+
+**The order check reads commits, not statement times.** A transition is known
+committed before an instant T when a witness snapshot taken before T sees its transaction
+(``pg_visible_in_snapshot``). A claim of job B (its ``pending -> running`` transition) sees what
+committed before its transaction began (``xact_at``, its ``now()``) and does not see a change
+whose statement ran after the claim's own (``at``). A check flags only what it can prove with
+these two facts; a case it cannot decide is not flagged (a possible miss, never a false alarm).
+
+The invariants:
+
+- ``limit``: no concurrency limit (queue ``limited``: 2; type ``soak-typed``: 2) ever had more
+  than N runs overlapping;
+- ``rate``: no window of a rate limit's period held more than its limit of starts (the claims'
+  ``started_at``, per partition key);
+- ``serial-overlap``: two runs of one serial key never overlap (two runs of the same job too:
+  a run given up at its timeout that still runs beside the retry);
+- ``serial-order``: a job of a key is never claimed while an older job of its key (smaller id:
+  docs' enqueue order) was pending, committed before the claim began and still pending after
+  its statement: among jobs of a key pending at the same time, the oldest starts first;
+- ``workflow``: a job is claimed only once each dependency has reached what its edge requires:
+  ``done``, or also ``dead``/``cancelled`` for ``on_failure="run"`` (reached once is enough; a
+  flag needs no such change to have run before the claim's statement); jobs that an operator
+  requeued themselves (from dead or cancelled) are exempt: docs/workflows.md makes that the
+  operator's choice;
+- ``stuck-waiting``: a waiting job whose dependencies are all finished, or whose ``waiting_on``
+  differs from the count of dependencies that still hold it back, seen twice at least 3 s apart;
+- ``left``: at the end, after the drain, a job not done, dead or cancelled;
+- ``effect``: a guarded effect that happened more than once;
+- ``deadlock``: a worker's log (or an operator's error) saying ``deadlock detected``;
+- ``lease-lost``: see above;
+- ``harness``: a run the soak could not record (its recording statement failed): the soak's own
+  failure, reported so that it never passes for a clean run.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import re
+from dataclasses import dataclass, field
+
+UTC = datetime.UTC
+LIMITS = {"queue limited": ("queue", "limited", 2), "type soak-typed": ("type", "soak-typed", 2)}
+RATES = {
+    "queue rated": ("queue", "rated", 4, 1.0, "acct"),
+    "type soak-typed": ("type", "soak-typed", 6, 1.0, "acct"),
+}
+PERSIST = datetime.timedelta(seconds=3)
+EXCUSES = {"stop", "terminate", "kill"}  # faults that keep a live worker from heartbeating
+
+# Each run with its claim's lease token and the moment the sweeper took that lease back. The
+# claim is the job's last claim of the run's attempt before the run started: the token the
+# handler read from the row at its start is the row's, which is another claim's when the run
+# started after its own lease was taken over (a worker continued after SIGSTOP starts a job it
+# claimed before the stop, not knowing yet that it lost it).
+RUNS = """
+SELECT r.id, r.job_id, r.attempt, r.type, r.queue, r.serial_key, c.token, r.worker,
+       r.mode, r.pid, r.proc_start, r.tid, r.thread_start, r.started_at, r.ended_at,
+       (SELECT min(t.at) FROM soak_transition AS t
+        WHERE t.job_id = r.job_id AND t.old_state = 'running' AND t.old_token = c.token
+          AND t.cause = 'LeaseExpired' AND t.at >= c.at) AS taken_at
+FROM soak_run AS r
+LEFT JOIN LATERAL (
+    SELECT t.new_token AS token, t.at FROM soak_transition AS t
+    WHERE t.job_id = r.job_id AND t.new_state = 'running' AND t.attempts = r.attempt
+      AND t.at <= r.started_at
+    ORDER BY t.id DESC LIMIT 1
+) AS c ON true
+ORDER BY r.id
+"""
+
+STARTS = """
+SELECT t.job_id, t.started_at, j.queue, j.type, j.payload ->> 'acct'
+FROM soak_transition AS t JOIN dbqueue_job AS j ON j.id = t.job_id
+WHERE t.new_state = 'running' AND t.started_at IS NOT NULL
+"""
+
+# A job claimed while an older job of its key was pending (committed before the claim's
+# transaction began, by a witness; still pending after the claim's statement).
+SERIAL_ORDER = """
+WITH tr AS (
+    SELECT t.*, lead(t.at) OVER (PARTITION BY t.job_id ORDER BY t.id) AS next_at
+    FROM soak_transition AS t
+    WHERE t.job_id IN (SELECT id FROM dbqueue_job WHERE serial_key IS NOT NULL)
+)
+SELECT c.job_id, o.id, j.serial_key, c.at
+FROM tr AS c
+JOIN dbqueue_job AS j ON j.id = c.job_id
+JOIN dbqueue_job AS o ON o.serial_key = j.serial_key AND o.id < j.id
+JOIN tr AS p ON p.job_id = o.id AND p.new_state = 'pending'
+WHERE c.old_state = 'pending' AND c.new_state = 'running'
+  AND p.at < c.xact_at AND (p.next_at IS NULL OR p.next_at > c.at)
+  AND (SELECT pg_visible_in_snapshot(p.xid, w.snap) FROM soak_witness AS w
+       WHERE w.at < c.xact_at ORDER BY w.at DESC LIMIT 1)
+ORDER BY c.at
+"""
+
+# A dependent claimed although a dependency had never reached what its edge requires: no
+# change of the dependency into done (or dead or cancelled, for on_failure="run") ran before
+# the claim's statement, so none can have been visible to it. (Reached once is enough: a
+# released dependent whose dead dependency an operator requeues later may still run.)
+WORKFLOW = """
+WITH claims AS (
+    SELECT c.id, c.job_id, c.at FROM soak_transition AS c
+    WHERE c.old_state = 'pending' AND c.new_state = 'running'
+      AND EXISTS (SELECT 1 FROM dbqueue_dependency AS d WHERE d.job_id = c.job_id)
+      AND NOT EXISTS (
+          SELECT 1 FROM soak_transition AS r
+          WHERE r.job_id = c.job_id AND r.id < c.id AND r.new_state = 'pending'
+            AND r.old_state IN ('dead', 'cancelled'))
+)
+SELECT c.job_id, d.depends_on_id, d.run_on_failure,
+       (SELECT s.new_state FROM soak_transition AS s
+        WHERE s.job_id = d.depends_on_id AND s.at < c.at ORDER BY s.id DESC LIMIT 1),
+       c.at
+FROM claims AS c
+JOIN dbqueue_dependency AS d ON d.job_id = c.job_id
+WHERE NOT EXISTS (
+    SELECT 1 FROM soak_transition AS s
+    WHERE s.job_id = d.depends_on_id AND s.at < c.at
+      AND (s.new_state = 'done'
+           OR (d.run_on_failure AND s.new_state IN ('dead', 'cancelled'))))
+ORDER BY c.at
+"""
+
+# Waiting jobs with what should hold them back: dependencies not finished, and those of them
+# that count (not done; for on_failure="run", not dead or cancelled either).
+WAITING = """
+SELECT j.id, j.waiting_on,
+       count(*) FILTER (WHERE x.state NOT IN ('done', 'dead', 'cancelled')) AS unfinished,
+       count(*) FILTER (WHERE x.state <> 'done'
+                        AND NOT (d.run_on_failure AND x.state IN ('dead', 'cancelled')))
+           AS holding
+FROM dbqueue_job AS j
+JOIN dbqueue_dependency AS d ON d.job_id = j.id
+JOIN dbqueue_job AS x ON x.id = d.depends_on_id
+WHERE j.state = 'waiting'
+GROUP BY j.id, j.waiting_on
+"""
+
+RUN_FIELDS = (
+    "id", "job", "attempt", "type", "queue", "serial_key", "token", "worker", "mode", "pid",
+    "proc_start", "tid", "thread_start", "started", "ended", "taken",
+)  # fmt: skip
+
+EFFECTS = "SELECT key, n, job_id FROM soak_effect WHERE n > 1 ORDER BY key"
+
+# Runs the soak could not record (a handler's recording statement failed): the soak's own
+# failure, which would otherwise pass for ordinary job failures and hide every run it missed.
+UNRECORDED = """
+SELECT j.id, e ->> 'class', left(e ->> 'message', 200)
+FROM dbqueue_job AS j, jsonb_array_elements(j.errors) AS e
+WHERE e ->> 'traceback' LIKE '%%in _record%%'
+ORDER BY j.id LIMIT 20
+"""
+LEFT = """
+SELECT state, count(*), (array_agg(id ORDER BY id))[1:10] FROM dbqueue_job
+WHERE state NOT IN ('done', 'dead', 'cancelled') GROUP BY state ORDER BY state
+"""
+DEADLOCK = re.compile(r"deadlock detected")
+
+
+@dataclass
+class Facts:
+    """What the soak knows that the database does not: deaths and faults, in database time."""
+
+    deaths: dict = field(default_factory=dict)  # (pid, proc_start) -> last known alive
+    thread_deaths: dict = field(default_factory=dict)  # (pid, tid, start) -> last known alive
+    worker_deaths: dict = field(default_factory=dict)  # worker tag -> reaped at (for the report)
+    faults: list = field(default_factory=list)  # (kind, worker tag, from, until)
+    holds: list = field(default_factory=list)  # ("hold", [dependency ids], from, until)
+    errors: list = field(default_factory=list)  # operator/producer errors (text)
+    lease: float = 5.0
+    sweep: float = 0.25
+
+
+@dataclass
+class Violation:
+    kind: str
+    key: tuple
+    text: str
+
+
+class Checker:
+    def __init__(self, conn, facts, log_paths):
+        self.conn = conn
+        self.facts = facts
+        self.log_paths = log_paths
+        self.found = {}  # (kind, key) -> Violation, in the order found
+        self.zombies = set()
+        self.unseen_deaths = 0
+        self._waiting_seen = {}  # (job, waiting_on, holding, unfinished==0) -> first seen
+
+    # -- the whole pass ------------------------------------------------------------------------
+
+    def check(self, *, final=False):
+        """Run every check over everything recorded so far; returns the new violations."""
+        before = len(self.found)
+        now = self.conn.execute("SELECT clock_timestamp()").fetchone()[0]
+        runs = self._runs(now)
+        self._limits(runs)
+        self._serial_overlap(runs)
+        self._rates()
+        self._serial_order()
+        self._workflow()
+        self._waiting(now)
+        self._effects()
+        self._unrecorded()
+        self._deadlocks()
+        if final:
+            self._left()
+        return list(self.found.values())[before:]
+
+    def _add(self, kind, key, text):
+        if (kind, key) not in self.found:
+            self.found[(kind, key)] = Violation(kind, key, text)
+
+    def counts(self):
+        return collections.Counter(v.kind for v in self.found.values())
+
+    # -- runs and their ends ---------------------------------------------------------------------
+
+    def _excused(self, worker, taken_at):
+        window = datetime.timedelta(seconds=self.facts.lease + 4 * self.facts.sweep + 1.0)
+        for kind, tag, start, until in self.facts.faults:
+            if kind not in EXCUSES or tag != worker or start > taken_at:
+                continue
+            if until is None or until >= taken_at - window:  # a stop still going on: None
+                return True
+        return False
+
+    def _runs(self, now):
+        """``[(run, begin, end)]``: each run's interval as the invariants count it."""
+        out = []
+        self.zombies = set()
+        for row in self.conn.execute(RUNS).fetchall():
+            run = dict(zip(RUN_FIELDS, row, strict=True))
+            end = run["ended"]
+            process = (run["pid"], run["proc_start"])
+            died = self.facts.deaths.get(process)  # the last moment known alive
+            if died is None and process in self.facts.deaths:
+                # Its process was gone before the soak looked: known dead, but not since when.
+                # Ended at its start, so it hides a violation rather than invent one.
+                died = run["started"]
+            thread = (run["pid"], run["tid"], run["thread_start"])
+            if thread in self.facts.thread_deaths:  # its thread ended (or its image was replaced)
+                thread_died = self.facts.thread_deaths[thread]
+                died = thread_died if died is None else min(died, thread_died)
+            if end is None and died is not None:
+                end = max(died, run["started"])
+            taken = run["taken"]
+            if taken is not None and (died is None or died > taken):
+                if self._excused(run["worker"], taken):
+                    if end is None or end > taken:
+                        self.zombies.add(run["id"])
+                        end = max(taken, run["started"])  # started after it: never counted
+                else:
+                    self._add(
+                        "lease-lost",
+                        (run["id"],),
+                        f"job {run['job']} (run {run['id']}, worker {run['worker']} pid "
+                        f"{run['pid']}) lost its lease at {taken:%H:%M:%S.%f} while its worker "
+                        f"was neither stopped, disconnected nor killed by the soak"
+                        + self._holds_before(taken),
+                    )
+            out.append((run, run["started"], end or now))
+        return out
+
+    def _holds_before(self, taken):
+        """The producer's open transactions on workflows depending on running jobs, in the
+        lease before ``taken`` (issue 25, race 4: they row-lock a running job)."""
+        window = datetime.timedelta(seconds=self.facts.lease + 1.0)
+        holds = [
+            f"jobs {deps} from {start:%H:%M:%S.%f} to "
+            + (f"{until:%H:%M:%S.%f}" if until else "still open")
+            for _kind, deps, start, until in list(self.facts.holds)
+            if start <= taken and (until is None or until >= taken - window)
+        ]
+        return (
+            f"; workflow inserts held open meanwhile depending on {'; '.join(holds)}"
+            if holds
+            else ""
+        )
+
+    @staticmethod
+    def _episodes(intervals, limit):
+        """Sweep: each moment more than ``limit`` intervals overlap, with the runs open then."""
+        events = []
+        for run, begin, end in intervals:
+            if end <= begin:
+                continue  # counted for no time: a zombie that started after its lease was taken
+            events.append((begin, 1, run["id"], run))
+            events.append((end, 0, run["id"], run))  # ends sort before starts at one instant
+        events.sort(key=lambda e: (e[0], e[1], e[2]))
+        open_runs, out, over = {}, [], False
+        for at, is_start, run_id, run in events:
+            if is_start:
+                open_runs[run_id] = run
+                if len(open_runs) > limit and not over:
+                    out.append((at, dict(open_runs)))
+                over = len(open_runs) > limit
+            else:
+                open_runs.pop(run_id, None)
+                over = len(open_runs) > limit
+        return out
+
+    @staticmethod
+    def _describe(runs):
+        return ", ".join(
+            f"job {r['job']} run {r['id']} ({r['worker']} pid {r['pid']}, {r['mode']}"
+            f"{'' if r['ended'] else ', no end'})"
+            for r in runs.values()
+        )
+
+    # One violation per run that was open when a limit was first exceeded, the oldest one: a
+    # hung handler that keeps a limit exceeded while other runs come and go is one violation.
+
+    def _limits(self, runs):
+        for name, (column, value, limit) in LIMITS.items():
+            mine = [(r, b, e) for r, b, e in runs if r[column] == value]
+            for at, open_runs in self._episodes(mine, limit):
+                self._add(
+                    "limit",
+                    (name, min(open_runs)),
+                    f"{name}: {len(open_runs)} runs at once (limit {limit}) at {at:%H:%M:%S.%f}: "
+                    + self._describe(open_runs),
+                )
+
+    def _serial_overlap(self, runs):
+        by_key = collections.defaultdict(list)
+        for r, b, e in runs:
+            if r["serial_key"] is not None:
+                by_key[r["serial_key"]].append((r, b, e))
+        for key, mine in by_key.items():
+            for at, open_runs in self._episodes(mine, 1):
+                self._add(
+                    "serial-overlap",
+                    (key, min(open_runs)),
+                    f"serial key {key!r}: {len(open_runs)} runs at once at {at:%H:%M:%S.%f}: "
+                    + self._describe(open_runs),
+                )
+
+    def _rates(self):
+        starts = collections.defaultdict(list)
+        for job_id, started, queue, job_type, acct in self.conn.execute(STARTS).fetchall():
+            for name, (column, value, _limit, _period, _key) in RATES.items():
+                if (queue if column == "queue" else job_type) == value:
+                    starts[(name, acct or "")].append((started, job_id))
+        for (name, acct), times in starts.items():
+            _c, _v, limit, period, _k = RATES[name]
+            times.sort()
+            span = datetime.timedelta(seconds=period)
+            for i in range(len(times) - limit):
+                if times[i + limit][0] - times[i][0] < span:
+                    window = times[i : i + limit + 1]
+                    self._add(
+                        "rate",
+                        (name, acct, window[0][1]),
+                        f"{name} partition {acct!r}: {limit + 1} starts within "
+                        f"{(window[-1][0] - window[0][0]).total_seconds():.3f}s (limit {limit} "
+                        f"per {period:g}s), jobs {[j for _, j in window]}",
+                    )
+
+    def _serial_order(self):
+        for newer, older, key, at in self.conn.execute(SERIAL_ORDER).fetchall():
+            self._add(
+                "serial-order",
+                (newer, older),
+                f"serial key {key!r}: job {newer} claimed at {at:%H:%M:%S.%f} while the older "
+                f"job {older} of its key was pending",
+            )
+
+    def _workflow(self):
+        for job_id, dep, on_failure_run, state, at in self.conn.execute(WORKFLOW).fetchall():
+            self._add(
+                "workflow",
+                (job_id, dep),
+                f"job {job_id} claimed at {at:%H:%M:%S.%f} while its dependency {dep} was "
+                f"{state} (on_failure={'run' if on_failure_run else 'cancel'})",
+            )
+
+    def _waiting(self, now):
+        seen = {}
+        for job_id, waiting_on, unfinished, holding in self.conn.execute(WAITING).fetchall():
+            if unfinished == 0 or waiting_on != holding:
+                key = (job_id, waiting_on, holding, unfinished == 0)
+                seen[key] = self._waiting_seen.get(key, now)
+                if now - seen[key] >= PERSIST:
+                    self._add(
+                        "stuck-waiting",
+                        (job_id,),
+                        f"job {job_id} waiting with waiting_on={waiting_on}, while {holding} "
+                        f"dependencies hold it back and {unfinished} are unfinished "
+                        f"(for {(now - seen[key]).total_seconds():.1f}s)",
+                    )
+        self._waiting_seen = seen
+
+    def _unrecorded(self):
+        for job_id, cls, message in self.conn.execute(UNRECORDED).fetchall():
+            self._add(
+                "harness",
+                (job_id, cls),
+                f"job {job_id}: its run could not be recorded ({cls}: {message}); "
+                f"the soak's record is incomplete",
+            )
+
+    def _effects(self):
+        for key, n, job_id in self.conn.execute(EFFECTS).fetchall():
+            self._add("effect", (key,), f"guarded effect {key!r} of job {job_id} happened {n}x")
+
+    def _deadlocks(self):
+        for path in self.log_paths():
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            for n, line in enumerate(text.splitlines(), 1):
+                if DEADLOCK.search(line):
+                    self._add("deadlock", (str(path), n), f"{path.name}:{n}: {line.strip()}")
+        for n, text in enumerate(self.facts.errors):
+            if DEADLOCK.search(text):
+                self._add("deadlock", ("soak", n), f"soak action: {text}")
+
+    def _left(self):
+        for state, n, ids in self.conn.execute(LEFT).fetchall():
+            self._add("left", (state,), f"{n} job(s) left {state} after the drain, e.g. {ids}")

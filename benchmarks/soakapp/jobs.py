@@ -1,0 +1,170 @@
+"""The soak's job types. What a run does is decided by its payload, which the soak's seeded
+producers wrote: how long it works, on which attempts it fails, whether it heeds a cancel.
+
+Every run records its start and its end in ``soak_run`` (``clock_timestamp()``, pid and tid, job id,
+attempt, queue, serial key, and the row's lease token at the start: the run's own, unless its
+lease was taken over before it started, which is why the checker finds each run's claim in the
+job's transitions) on a connection of its own in autocommit, so a run
+whose job is later rolled back, fenced or killed still leaves its record; a run whose process
+dies leaves a start with no end, which the checker closes at the process's death.
+"""
+
+import multiprocessing
+import os
+import threading
+import time
+
+import psycopg
+from django.db import connection
+
+from django_dbqueue import DiscardJob, deliver, job
+from django_dbqueue.connections import connection_params
+
+RECORDER_NAME = "soak recorder"  # application_name of the recording connections
+TIMEOUT = 1.5  # seconds: the hung type's timeout (benchmarks/soak.py relies on it)
+
+_local = threading.local()
+_proc_start = {}
+
+START = """
+INSERT INTO soak_run (job_id, attempt, type, queue, serial_key, lease_token, worker, mode, pid,
+                      proc_start, tid, thread_start, started_at)
+SELECT j.id, %(attempt)s, j.type, j.queue, j.serial_key, j.lease_token, %(worker)s, %(mode)s,
+       %(pid)s, %(proc_start)s, %(tid)s, %(thread_start)s, clock_timestamp()
+FROM dbqueue_job AS j WHERE j.id = %(job)s
+RETURNING id
+"""
+
+END = "UPDATE soak_run SET ended_at = clock_timestamp(), outcome = %s WHERE id = %s"
+
+EFFECT = """
+INSERT INTO soak_effect (key, n, job_id) VALUES (%s, 1, %s)
+ON CONFLICT (key) DO UPDATE SET n = soak_effect.n + 1
+"""
+
+
+def thread_start(pid, tid):
+    """The thread's start time (/proc/<pid>/task/<tid>/stat, field 22): with the tid, it names
+    the thread running a handler. A thread ends with its process, and also when its process
+    replaces its image (``os.execv``: a worker restarting in place keeps its pid, never its
+    handler threads)."""
+    with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[19])
+
+
+def process_start(pid):
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat, field 22): with
+    the pid, it names one process even after its pid is reused."""
+    if pid not in _proc_start:
+        with open(f"/proc/{pid}/stat") as stat:
+            _proc_start[pid] = int(stat.read().rsplit(")", 1)[1].split()[19])
+    return _proc_start[pid]
+
+
+def _record(sql, params):
+    """Run one recording statement on this thread's own autocommit connection, reconnecting
+    once if the soak terminated it. A record that cannot be written fails the run (it is
+    retried): the checker must never miss a run."""
+    for tries in (1, 2, 3):
+        conn = getattr(_local, "conn", None)
+        try:
+            if conn is None or conn.closed:
+                conninfo = {**connection_params("default"), "application_name": RECORDER_NAME}
+                conn = _local.conn = psycopg.connect(**conninfo, autocommit=True)
+            return conn.execute(sql, params).fetchone()
+        except psycopg.OperationalError:
+            _local.conn = None
+            if tries == 3:
+                raise
+            time.sleep(0.05 * tries)  # a reconnect's back-off, not a wait for a condition
+    return None
+
+
+def _mode():
+    return "process" if multiprocessing.current_process().name.startswith("dbqueue") else "thread"
+
+
+def recorded(body):
+    """Wrap a handler body so that its run is recorded from its first to its last moment."""
+
+    def handler(ctx):
+        pid = os.getpid()
+        row = _record(
+            START,
+            {
+                "attempt": ctx.attempt,
+                "worker": os.environ.get("DBQUEUE_SOAK_WORKER", "?"),
+                "mode": _mode(),
+                "pid": pid,
+                "proc_start": process_start(pid),
+                "tid": threading.get_native_id(),
+                "thread_start": thread_start(pid, threading.get_native_id()),
+                "job": ctx.id,
+            },
+        )
+        outcome = "raised"
+        try:
+            result = body(ctx)
+            outcome = "returned"
+            return result
+        finally:
+            if row is not None:
+                _record(END + " RETURNING id", [outcome, row[0]])
+
+    handler.__name__ = body.__name__
+    handler.__doc__ = body.__doc__
+    return handler
+
+
+def work(ctx):
+    """Work ``ms`` milliseconds in 10 ms steps (stopping at a cancel unless ``ignore_cancel``),
+    then fail if this attempt is listed in ``fail``; ``discard`` on an attempt ends it dead."""
+    payload = ctx.payload
+    deadline = time.monotonic() + payload.get("ms", 50) / 1000.0
+    while time.monotonic() < deadline:
+        if not payload.get("ignore_cancel"):
+            ctx.raise_if_cancelled()
+        time.sleep(0.01)
+    if ctx.attempt in payload.get("discard", ()):
+        raise DiscardJob(f"discarded on attempt {ctx.attempt}, as the payload asked")
+    if ctx.attempt in payload.get("fail", ()):
+        raise RuntimeError(f"failed on attempt {ctx.attempt}, as the payload asked")
+    return {"attempt": ctx.attempt}
+
+
+def hang(ctx):
+    """Hang for ``hang`` seconds, far past the type's timeout, heeding nothing."""
+    time.sleep(ctx.payload.get("hang", 20))
+
+
+def guarded_delivery(ctx):
+    """A guarded effect: a delivery record under the job's key, then the effect."""
+    work(ctx)
+    with deliver(ctx, f"soak:{ctx.id}") as delivery:
+        if not delivery.proceed:
+            return None
+        _record(EFFECT + " RETURNING n", [f"delivery:{ctx.id}", ctx.id])
+        delivery.sent("done")
+    return None
+
+
+def guarded_atomic(ctx):
+    """A guarded effect: written in the atomic handler's transaction, with its completion."""
+    with connection.cursor() as cursor:
+        cursor.execute(EFFECT, [f"atomic:{ctx.id}", ctx.id])
+    work(ctx)
+
+
+job("soak-work", queue="default", max_attempts=3)(recorded(work))
+job(
+    "soak-typed",
+    queue="default",
+    max_attempts=3,
+    global_concurrency=2,
+    rate_limit={"limit": 6, "period": 1.0, "key": "acct"},
+)(recorded(work))
+job("soak-hang", queue="limited", max_attempts=2, timeout=TIMEOUT)(recorded(hang))
+job("soak-deliver", queue="default", max_attempts=3)(recorded(guarded_delivery))
+job("soak-atomic", queue="default", max_attempts=3, atomic=True, timeout=10)(
+    recorded(guarded_atomic)
+)
