@@ -3,7 +3,7 @@
 It runs in a subprocess against a database of its own, next to pytest-django's test database
 and never that one: ``<DBQUEUE_TEST_DATABASE>_soak`` (``test_dbqueue_soak`` without it), created
 when missing and emptied at every run. Four real workers (two per execution mode), a producer,
-an operator and faults for ``DBQUEUE_SOAK_MINUTES`` minutes (default 1.5), then a drain (at
+an operator and faults for ``DBQUEUE_SOAK_MINUTES`` minutes (default 2), then a drain (at
 most 60 s, usually a few) and the final check: under three minutes on a two-core machine.
 A failure shows the soak's violations and names its worker logs (kept for the post-mortem).
 
@@ -27,7 +27,7 @@ pytestmark = [
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 20251204
-MINUTES = float(os.environ.get("DBQUEUE_SOAK_MINUTES", "1.5"))
+MINUTES = float(os.environ.get("DBQUEUE_SOAK_MINUTES", "2"))
 DRAIN = 60.0
 
 
