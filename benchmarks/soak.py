@@ -173,6 +173,16 @@ def db_connect(name):
     )
 
 
+def _die_with_the_soak():
+    """In a worker, before it runs: be killed when the soak dies, however it dies (a SIGKILL
+    from a test's timeout runs no ``finally``), rather than live on as an orphan claiming jobs.
+    Linux's parent-death signal; it survives the worker's own restart in place (execv)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
 class Clock:
     """This process's clock in the database's: ``time.time()`` plus the offset measured once."""
 
@@ -239,6 +249,7 @@ class Slot:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,  # its own process group: handler children included
+                preexec_fn=_die_with_the_soak,
             )
         threading.Thread(target=self._reap, args=(self.process, self.tag), daemon=True).start()
 
