@@ -15,7 +15,7 @@ database: its settings only tell where the PostgreSQL server is.
 Without playwright or /usr/bin/chromium the test is skipped with the reason; with
 ``DBQUEUE_REQUIRE_BROWSER=1`` (meant for CI) it fails instead.
 
-The screenshots in docs/operations.md come from this test:
+The screenshots in docs/operations.md and docs/tasks.md come from this test:
 ``DBQUEUE_UPDATE_SCREENSHOTS=1 pytest tests/acceptance/test_admin_browser.py`` writes them to
 ``docs/img/``; without it they go to the test's tmp_path, so CI does not touch the tree.
 """
@@ -793,3 +793,100 @@ def _schedule_tour(page, shop, base_url, screenshot):
     )
     expect(row.locator("td.field-next_tick_display")).to_have_text("disabled")
     assert _schedule_entry(shop)[4] is False
+
+
+# -- names you recognise --------------------------------------------------------------------------
+
+RECEIPT_TASK = "shop.tasks.send_receipt"
+MISSING_TASK = "no.such.module.task"  # names no module: shown as text, never imported
+
+
+def _insert_job(shop, job_type, queue, payload):
+    """A pending row as the enqueue stores it (for ``django.tasks``, as DBQueueBackend does)."""
+    return shop.query(
+        "INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts, "
+        "max_attempts, lease_seconds, errors, created_at) "
+        "VALUES (%s, %s, %s, 'pending', 0, now() + interval '1 hour', 0, 5, 60, '[]', now()) "
+        "RETURNING id",
+        (job_type, queue, json.dumps(payload)),
+    )[0][0]
+
+
+def _task_payload(path):
+    # What DBQueueBackend.enqueue() stores (django_dbqueue/_django_tasks.py).
+    return {"task": path, "backend": "default", "args": [42], "kwargs": {"copy": True}}
+
+
+def test_operator_sees_and_filters_jobs_by_task_name(sync_playwright, shop, screenshot):
+    """The type column and filter name a ``django.tasks`` job by its task's path, as text."""
+    from playwright.sync_api import expect
+
+    shop.manage("migrate", "--verbosity", "0")
+    _create_staff(shop, "jobs-only", ["django_dbqueue.view_backgroundjob"])
+    receipt = _insert_job(shop, "django.tasks", "default", _task_payload(RECEIPT_TASK))
+    missing = _insert_job(shop, "django.tasks", "default", _task_payload(MISSING_TASK))
+    plain = _insert_job(shop, "send-invoice-email", "emails", {"invoice_id": 1})
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    server = shop.start("runserver", "runserver", f"127.0.0.1:{port}", "--noreload")
+    _wait_until_serving(shop, server, base_url)
+    changelist = base_url + "/admin/django_dbqueue/backgroundjob/"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(
+                viewport={"width": 1100, "height": 420}, color_scheme="light"
+            )
+            context.add_init_script(
+                "window.localStorage.setItem('django.admin.navSidebarIsOpen', 'false')"
+            )
+            page = context.new_page()
+            page.set_default_timeout(10_000)
+            _log_in(page, base_url, "jobs-only")
+
+            response = page.goto(changelist)
+            assert response.status == 200
+            rows = page.locator("#result_list tbody tr")
+            expect(rows).to_have_count(3)
+
+            def type_cell(job_id):
+                row = rows.filter(
+                    has=page.locator(
+                        "th.field-id, td.field-id", has_text=re.compile(rf"^{job_id}$")
+                    )
+                )
+                return row.locator("td.field-type_display")
+
+            expect(type_cell(receipt)).to_have_text(f"{RECEIPT_TASK} (django.tasks)")
+            expect(type_cell(missing)).to_have_text(f"{MISSING_TASK} (django.tasks)")
+            expect(type_cell(plain)).to_have_text("send-invoice-email")
+            expect(page.locator(".errornote, .errorlist")).to_have_count(0)
+            screenshot(page, "admin-task-names", element=page.locator("#changelist"))
+
+            # Filtered to one task's path (a path no process knows filters too, as text).
+            for path, job_id in ((MISSING_TASK, missing), (RECEIPT_TASK, receipt)):
+                query = urllib.parse.urlencode({"type": f"task:{path}"})
+                response = page.goto(f"{changelist}?{query}")
+                assert response.status == 200
+                expect(rows).to_have_count(1)
+                expect(type_cell(job_id)).to_have_text(f"{path} (django.tasks)")
+                expect(page.locator("#result_list")).not_to_contain_text("send-invoice-email")
+
+            # Through the filter's UI: the plain type always; a task's path when the web process
+            # knows that task (the shop defines none, so its choice may be absent).
+            page.goto(changelist)
+            filters = page.locator("#changelist-filter")
+            filters.get_by_role("link", name="send-invoice-email", exact=True).click()
+            expect(rows).to_have_count(1)
+            expect(type_cell(plain)).to_have_text("send-invoice-email")
+            page.goto(changelist)
+            choice = filters.get_by_role("link", name=RECEIPT_TASK, exact=True)
+            if choice.count():
+                choice.click()
+                expect(rows).to_have_count(1)
+                expect(type_cell(receipt)).to_have_text(f"{RECEIPT_TASK} (django.tasks)")
+        finally:
+            browser.close()
+    # Showing the rows imported nothing and logged no error.
+    log = shop.output(server)
+    assert "Traceback" not in log and "ModuleNotFoundError" not in log, log
