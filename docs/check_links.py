@@ -82,11 +82,15 @@ def anchors_of(path: Path) -> set[str]:
 
 
 def targets(path: Path):
-    for number, line in lines_outside_code(path):
-        bare = CODE_SPAN.sub("", line)
-        for match in INLINE.finditer(bare):
-            yield number, match.group(1)
-        ref = REFDEF.match(bare)
+    # A link's text may run over a line break: match over the whole text with the code blanked.
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = dict(lines_outside_code(path))
+    bare = [CODE_SPAN.sub("", kept[n]) if n in kept else "" for n in range(1, len(lines) + 1)]
+    text = "\n".join(bare)
+    for match in INLINE.finditer(text):
+        yield text.count("\n", 0, match.start()) + 1, match.group(1)
+    for number, line in enumerate(bare, 1):
+        ref = REFDEF.match(line)
         if ref:
             yield number, ref.group(1)
 
