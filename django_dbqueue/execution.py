@@ -351,4 +351,3 @@ class ThreadPool:
                 loop.close()
             close_side_connections()
             connections.close_all()
-

@@ -15,8 +15,6 @@ from .conf import get_settings
 from .enqueue import database
 from .exceptions import InvalidArgument
 
-QUEUE_OPTIONS = ("concurrency", "global_concurrency", "rate_limit")
-
 
 class UnknownQueue(InvalidArgument):
     """A queue name that is not in ``DBQUEUE["QUEUES"]`` (or not a queue name at all)."""
