@@ -12,8 +12,8 @@ from django.db import transaction
 
 from . import registry, schema, store, validation
 from .conf import get_settings
-from .enqueue import database
 from .exceptions import InvalidArgument
+from .jobspec import database
 
 
 class UnknownQueue(InvalidArgument):
