@@ -12,15 +12,26 @@ the same with ten finished rows or ten million.
 - rollup.py: ``DepthSample``, ``FinishedMinute`` (the dashboard's history)
 - workers.py: ``WorkerRecord`` (the worker registry)
 - fields.py: the PostgreSQL array columns the migrations name as ``django_dbqueue.models.X``
+
+``__all__`` is as before the split; the fields, ``UNIQUE_HELD``, ``CatchUp``, ``ScheduleEntry`` and
+the states' constants are importable from here too (``X as X``).
 """
 
-from ..states import FINISHED_STATES, MAX_PRIORITY, MIN_PRIORITY, DeliveryState, JobState
+from ..states import FINISHED_STATES as FINISHED_STATES
+from ..states import MAX_PRIORITY as MAX_PRIORITY
+from ..states import MIN_PRIORITY as MIN_PRIORITY
+from ..states import DeliveryState, JobState
 from .deliveries import JobDelivery
-from .fields import IdArrayField, TextArrayField, TimestampArrayField
+from .fields import IdArrayField as IdArrayField
+from .fields import TextArrayField as TextArrayField
+from .fields import TimestampArrayField as TimestampArrayField
 from .flow import Limiter, QueueState
-from .jobs import UNIQUE_HELD, BackgroundJob, DeadLetter, Dependency
+from .jobs import UNIQUE_HELD as UNIQUE_HELD
+from .jobs import BackgroundJob, DeadLetter, Dependency
 from .rollup import DepthSample, FinishedMinute
-from .schedules import CatchUp, ScheduleEntry, ScheduleState
+from .schedules import CatchUp as CatchUp
+from .schedules import ScheduleEntry as ScheduleEntry
+from .schedules import ScheduleState
 from .workers import WorkerRecord
 
 __all__ = [
@@ -37,16 +48,3 @@ __all__ = [
     "ScheduleState",
     "WorkerRecord",
 ]
-
-# Importable here as before the split (the migrations, admin and other modules name them).
-_ALSO = (
-    FINISHED_STATES,
-    MAX_PRIORITY,
-    MIN_PRIORITY,
-    UNIQUE_HELD,
-    CatchUp,
-    ScheduleEntry,
-    IdArrayField,
-    TextArrayField,
-    TimestampArrayField,
-)
