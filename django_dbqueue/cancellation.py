@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from django.db import ProgrammingError
 
 from . import schema, store, validation, wakeup
-from .enqueue import EnqueuedJob, database
 from .exceptions import InvalidArgument
+from .jobspec import EnqueuedJob, database
 
 CANCELLED = "cancelled"  # was pending or waiting: cancelled now, it never runs
 CANCELLING = "cancelling"  # is running: marked; its worker ends it cancelled

@@ -25,8 +25,6 @@ Ids are stable and listed in docs/checks.md:
 """
 
 import difflib
-import math
-import numbers
 import sys
 
 from django.conf import settings
@@ -34,121 +32,8 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
 from . import registry, schema, validation
-from .conf import DEFAULTS, SETTING_NAME, Settings, get_settings
+from .conf import DEFAULTS, QUEUE_OPTIONS, RULES, SETTING_NAME, Settings, bounded, get_settings
 from .connections import DB_ERRORS
-from .flow import QUEUE_OPTIONS
-
-
-def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=False, maximum=None):
-    if value is None:
-        return allow_none
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return False
-    if integer and not isinstance(value, int):
-        return False
-    # An int is compared as it is (math.isfinite() of 10**400 raises OverflowError); inf and NaN
-    # pass comparisons and then break interval arithmetic in SQL.
-    if not isinstance(value, int) and not math.isfinite(value):
-        return False
-    if value > (MAX_SETTING if maximum is None else maximum):
-        return False
-    if minimum is not None:
-        return value > minimum if exclusive else value >= minimum
-    return True
-
-
-MAX_SETTING = validation.MAX_SECONDS  # no number of seconds (or count) in DBQUEUE is larger
-
-
-def _bounded(what, *, minimum, exclusive=False, integer=False, allow_none=False, maximum=None):
-    """A rule of ``_RULES``: ``_number`` with these bounds, and the words that state both."""
-    bound = MAX_SETTING if maximum is None else maximum
-    words = f"{what} {'>' if exclusive else '>='} {minimum}, at most {bound}"
-    if allow_none is True:
-        words += ", or None"
-    elif allow_none:
-        words += f", or None ({allow_none})"
-    return (
-        lambda v: _number(
-            v,
-            minimum=minimum,
-            exclusive=exclusive,
-            integer=integer,
-            allow_none=bool(allow_none),
-            maximum=bound,
-        ),
-        words,
-    )
-
-
-def _valid(validator, value, **kwargs):
-    try:
-        validator(value, "", **kwargs)
-    except ValueError:
-        return False
-    return True
-
-
-# key -> (predicate, what it must be)
-_RULES = {
-    "DATABASE": (lambda v: isinstance(v, str) and bool(v), "a database alias (str)"),
-    "QUEUES": (None, "a dict of queue name -> options dict"),
-    "DEFAULT_QUEUE": (
-        lambda v: _valid(validation.queue_name, v),
-        f"a queue name (a non-empty str of at most {validation.MAX_QUEUE_NAME} characters)",
-    ),
-    "CONCURRENCY": _bounded(
-        "an integer", minimum=1, integer=True, maximum=validation.MAX_CONCURRENCY
-    ),
-    "PREFETCH": _bounded("an integer", minimum=0, integer=True, allow_none="adaptive"),
-    "POLL_INTERVAL": _bounded("a number of seconds", minimum=0, exclusive=True),
-    "LEASE": _bounded("a number of seconds", minimum=0, exclusive=True, maximum=86400),
-    "HEARTBEAT_INTERVAL": _bounded("a number of seconds", minimum=0, exclusive=True),
-    "MAX_ATTEMPTS": (
-        lambda v: _valid(validation.max_attempts, v),
-        f"an integer from 1 to {validation.INT32_MAX}",
-    ),
-    "BACKOFF_BASE": _bounded("a number of seconds", minimum=0, exclusive=True),
-    "BACKOFF_FACTOR": _bounded("a number", minimum=1),
-    "BACKOFF_CAP": _bounded("a number of seconds", minimum=0, exclusive=True),
-    "SWEEP_INTERVAL": _bounded("a number of seconds", minimum=0, exclusive=True),
-    "SWEEP_BATCH": _bounded("an integer", minimum=1, integer=True),
-    "SHUTDOWN_GRACE": _bounded("a number of seconds", minimum=0),
-    "ACK_INTERVAL": _bounded("a number of seconds", minimum=0),
-    "ACK_BATCH": _bounded("an integer", minimum=1, integer=True),
-    "NOTIFY_CHANNEL": (
-        # PostgreSQL's identifier limit is 63 bytes (NAMEDATALEN - 1), counted in UTF-8.
-        lambda v: _valid(validation.name, v, max_length=63) and len(v.encode()) <= 63,
-        "a channel name (str of 1 to 63 bytes in UTF-8)",
-    ),
-    "WAKEUP_WINDOW": _bounded("a number of seconds", minimum=0, maximum=60),
-    "WAKEUP_IF_WAITING": (lambda v: isinstance(v, bool), "True or False"),
-    "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
-    "LISTEN_DATABASE": (
-        lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
-        "None or an alias in DATABASES (a direct connection, not through a pooler)",
-    ),
-    "EXECUTION": (lambda v: v in ("thread", "process"), '"thread" or "process"'),
-    "HUNG_THREAD_LIMIT": _bounded(
-        "an integer", minimum=0, integer=True, allow_none="the concurrency"
-    ),
-    "UNKNOWN_TYPE_DELAY": _bounded("a number of seconds", minimum=0, exclusive=True),
-    "UNKNOWN_TYPE_GRACE": _bounded("a number of seconds", minimum=0),
-    "PREPARE": (lambda v: isinstance(v, bool), "True or False"),
-    "ASYNC_COMMIT": (lambda v: isinstance(v, bool), "True or False"),
-    "STATUS_INTERVAL": _bounded("a number of seconds (0 turns it off)", minimum=0),
-    "DONE_RETENTION": _bounded("seconds", minimum=0, allow_none="keep"),
-    "CANCELLED_RETENTION": _bounded("seconds", minimum=0, allow_none="keep"),
-    "DEAD_RETENTION": _bounded("seconds", minimum=0, allow_none="keep"),
-    "SCHEDULE": (lambda v: isinstance(v, dict), "a dict of schedule name -> entry"),
-    "SCHEDULE_INTERVAL": _bounded("a number of seconds", minimum=0, exclusive=True),
-    "METRICS_CACHE": _bounded("a number of seconds", minimum=0),
-    "METRICS_TOKEN": (
-        lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
-        "None or a string of at least 16 characters",
-    ),
-}
-assert set(_RULES) == set(DEFAULTS), "every setting needs a check rule"
 
 
 def _error(id_, msg, hint=None):
@@ -156,7 +41,7 @@ def _error(id_, msg, hint=None):
 
 
 # A queue's "concurrency": its share of a worker's handler threads.
-_QUEUE_CONCURRENCY = _bounded(
+_QUEUE_CONCURRENCY = bounded(
     "an integer", minimum=1, integer=True, allow_none=True, maximum=validation.MAX_CONCURRENCY
 )
 
@@ -246,13 +131,6 @@ def _check_type_flow():
     return errors
 
 
-def setting_valid(key, value):
-    """Whether ``value`` passes the rule of ``DBQUEUE[key]`` that check_settings applies (for
-    code that must fall back to the default rather than fail on a bad value)."""
-    predicate = _RULES[key][0]
-    return predicate is None or predicate(value)
-
-
 @register(Tags.compatibility, "dbqueue")
 def check_settings(app_configs=None, **kwargs):
     user = getattr(settings, SETTING_NAME, {})
@@ -273,12 +151,12 @@ def check_settings(app_configs=None, **kwargs):
             hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(DEFAULTS)}."
             errors.append(_error("E002", f"{SETTING_NAME} has an unknown key {key!r}.", hint=hint))
     for key, value in user.items():
-        if key not in _RULES:
+        if key not in RULES:
             continue
         if key == "QUEUES":
             errors.extend(_check_queues(value))
             continue
-        predicate, expected = _RULES[key]
+        predicate, expected = RULES[key]
         if not predicate(value):
             errors.append(
                 _error(

@@ -1,10 +1,14 @@
 """The ``DBQUEUE`` setting: named defaults, read lazily, reset when tests override settings."""
 
+import math
+import numbers
 from functools import lru_cache
 
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from . import validation
 
 SETTING_NAME = "DBQUEUE"
 
@@ -48,6 +52,133 @@ DEFAULTS = {
     "METRICS_CACHE": 10.0,  # seconds a process reuses its table gauges between scrapes
     "METRICS_TOKEN": None,  # bearer token that metrics_view accepts instead of a staff login
 }
+
+
+# A queue's options in QUEUES (flow control: docs/concepts.md#flow-control).
+QUEUE_OPTIONS = ("concurrency", "global_concurrency", "rate_limit")
+
+
+# The rule of each key: what the system checks (checks.py) hold a value to, and what code that
+# must not fail on a bad value (the wake-up's window) falls back from.
+
+
+def _number(value, *, minimum=None, exclusive=False, integer=False, allow_none=False, maximum=None):
+    if value is None:
+        return allow_none
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    if integer and not isinstance(value, int):
+        return False
+    # An int is compared as it is (math.isfinite() of 10**400 raises OverflowError); inf and NaN
+    # pass comparisons and then break interval arithmetic in SQL.
+    if not isinstance(value, int) and not math.isfinite(value):
+        return False
+    if value > (MAX_SETTING if maximum is None else maximum):
+        return False
+    if minimum is not None:
+        return value > minimum if exclusive else value >= minimum
+    return True
+
+
+MAX_SETTING = validation.MAX_SECONDS  # no number of seconds (or count) in DBQUEUE is larger
+
+
+def bounded(what, *, minimum, exclusive=False, integer=False, allow_none=False, maximum=None):
+    """A rule of ``RULES``: ``_number`` with these bounds, and the words that state both."""
+    bound = MAX_SETTING if maximum is None else maximum
+    words = f"{what} {'>' if exclusive else '>='} {minimum}, at most {bound}"
+    if allow_none is True:
+        words += ", or None"
+    elif allow_none:
+        words += f", or None ({allow_none})"
+    return (
+        lambda v: _number(
+            v,
+            minimum=minimum,
+            exclusive=exclusive,
+            integer=integer,
+            allow_none=bool(allow_none),
+            maximum=bound,
+        ),
+        words,
+    )
+
+
+def _valid(validator, value, **kwargs):
+    try:
+        validator(value, "", **kwargs)
+    except ValueError:
+        return False
+    return True
+
+
+# key -> (predicate, what it must be)
+RULES = {
+    "DATABASE": (lambda v: isinstance(v, str) and bool(v), "a database alias (str)"),
+    "QUEUES": (None, "a dict of queue name -> options dict"),
+    "DEFAULT_QUEUE": (
+        lambda v: _valid(validation.queue_name, v),
+        f"a queue name (a non-empty str of at most {validation.MAX_QUEUE_NAME} characters)",
+    ),
+    "CONCURRENCY": bounded(
+        "an integer", minimum=1, integer=True, maximum=validation.MAX_CONCURRENCY
+    ),
+    "PREFETCH": bounded("an integer", minimum=0, integer=True, allow_none="adaptive"),
+    "POLL_INTERVAL": bounded("a number of seconds", minimum=0, exclusive=True),
+    "LEASE": bounded("a number of seconds", minimum=0, exclusive=True, maximum=86400),
+    "HEARTBEAT_INTERVAL": bounded("a number of seconds", minimum=0, exclusive=True),
+    "MAX_ATTEMPTS": (
+        lambda v: _valid(validation.max_attempts, v),
+        f"an integer from 1 to {validation.INT32_MAX}",
+    ),
+    "BACKOFF_BASE": bounded("a number of seconds", minimum=0, exclusive=True),
+    "BACKOFF_FACTOR": bounded("a number", minimum=1),
+    "BACKOFF_CAP": bounded("a number of seconds", minimum=0, exclusive=True),
+    "SWEEP_INTERVAL": bounded("a number of seconds", minimum=0, exclusive=True),
+    "SWEEP_BATCH": bounded("an integer", minimum=1, integer=True),
+    "SHUTDOWN_GRACE": bounded("a number of seconds", minimum=0),
+    "ACK_INTERVAL": bounded("a number of seconds", minimum=0),
+    "ACK_BATCH": bounded("an integer", minimum=1, integer=True),
+    "NOTIFY_CHANNEL": (
+        # PostgreSQL's identifier limit is 63 bytes (NAMEDATALEN - 1), counted in UTF-8.
+        lambda v: _valid(validation.name, v, max_length=63) and len(v.encode()) <= 63,
+        "a channel name (str of 1 to 63 bytes in UTF-8)",
+    ),
+    "WAKEUP_WINDOW": bounded("a number of seconds", minimum=0, maximum=60),
+    "WAKEUP_IF_WAITING": (lambda v: isinstance(v, bool), "True or False"),
+    "LISTEN": (lambda v: isinstance(v, bool), "True or False"),
+    "LISTEN_DATABASE": (
+        lambda v: v is None or (isinstance(v, str) and v in settings.DATABASES),
+        "None or an alias in DATABASES (a direct connection, not through a pooler)",
+    ),
+    "EXECUTION": (lambda v: v in ("thread", "process"), '"thread" or "process"'),
+    "HUNG_THREAD_LIMIT": bounded(
+        "an integer", minimum=0, integer=True, allow_none="the concurrency"
+    ),
+    "UNKNOWN_TYPE_DELAY": bounded("a number of seconds", minimum=0, exclusive=True),
+    "UNKNOWN_TYPE_GRACE": bounded("a number of seconds", minimum=0),
+    "PREPARE": (lambda v: isinstance(v, bool), "True or False"),
+    "ASYNC_COMMIT": (lambda v: isinstance(v, bool), "True or False"),
+    "STATUS_INTERVAL": bounded("a number of seconds (0 turns it off)", minimum=0),
+    "DONE_RETENTION": bounded("seconds", minimum=0, allow_none="keep"),
+    "CANCELLED_RETENTION": bounded("seconds", minimum=0, allow_none="keep"),
+    "DEAD_RETENTION": bounded("seconds", minimum=0, allow_none="keep"),
+    "SCHEDULE": (lambda v: isinstance(v, dict), "a dict of schedule name -> entry"),
+    "SCHEDULE_INTERVAL": bounded("a number of seconds", minimum=0, exclusive=True),
+    "METRICS_CACHE": bounded("a number of seconds", minimum=0),
+    "METRICS_TOKEN": (
+        lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
+        "None or a string of at least 16 characters",
+    ),
+}
+assert set(RULES) == set(DEFAULTS), "every setting needs a check rule"
+
+
+def setting_valid(key, value):
+    """Whether ``value`` passes the rule of ``DBQUEUE[key]`` that check_settings applies (for
+    code that must fall back to the default rather than fail on a bad value)."""
+    predicate = RULES[key][0]
+    return predicate is None or predicate(value)
 
 
 class Settings:

@@ -33,8 +33,8 @@ import psycopg
 from django.db import ProgrammingError
 
 from . import schema, store, validation
-from .enqueue import database
 from .exceptions import DBQueueError, InvalidArgument
+from .jobspec import database
 from .outcomes import text_for_record
 
 __all__ = ["Delivery", "DeliveryFailed", "begin_delivery", "deliver", "settle_delivery"]

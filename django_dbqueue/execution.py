@@ -351,13 +351,3 @@ class ThreadPool:
                 loop.close()
             close_side_connections()
             connections.close_all()
-
-
-def make_pool(worker, mode, size, *, hung_limit):
-    if mode == "process":
-        from .processes import ProcessPool
-
-        pool = ProcessPool(worker, size, hung_limit=hung_limit)
-        pool.kills_at_timeout = True  # its abandon() kills the child running the job
-        return pool
-    return ThreadPool(worker, size, hung_limit=hung_limit)

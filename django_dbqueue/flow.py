@@ -12,10 +12,8 @@ from django.db import transaction
 
 from . import registry, schema, store, validation
 from .conf import get_settings
-from .enqueue import database
 from .exceptions import InvalidArgument
-
-QUEUE_OPTIONS = ("concurrency", "global_concurrency", "rate_limit")
+from .jobspec import database
 
 
 class UnknownQueue(InvalidArgument):

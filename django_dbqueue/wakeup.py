@@ -44,7 +44,7 @@ from django.db import connections, transaction
 from django.db.backends.utils import debug_transaction
 
 from . import store
-from .conf import get_settings
+from .conf import get_settings, setting_valid
 from .connections import Session
 
 logger = logging.getLogger("django_dbqueue.wakeup")
@@ -57,8 +57,6 @@ def window():
     """``DBQUEUE["WAKEUP_WINDOW"]``: at most one notification per queue per process in this many
     seconds, plus the trailing one. A bad value (the system checks report it) falls back to the
     default here: a wake-up must never raise into the caller's commit."""
-    from .checks import setting_valid  # lazily: the package imports this module early
-
     value = get_settings().WAKEUP_WINDOW
     return value if setting_valid("WAKEUP_WINDOW", value) else DEFAULT_WINDOW
 

@@ -33,11 +33,12 @@ from .acks import Acknowledger
 from .conf import get_settings
 from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session, reset_connection
 from .context import JobContext
-from .execution import make_pool, retry_delay
+from .execution import retry_delay
 from .heartbeat import Heartbeat
 from .inflight import Entry, Inflight
 from .maintenance import Maintenance
 from .notifications import Listener, Wakeup, parse_cancel, parse_named, parse_wakeup
+from .pools import make_pool
 from .presence import Presence
 from .rollup import Rollup
 from .scheduler import Scheduler

@@ -10,8 +10,8 @@ it ``pending`` when its last dependency is done, or cancels it when one dies or 
 
 from . import payloads, schema, store, tracing, validation, waiters, wakeup
 from .conf import get_settings
-from .enqueue import EnqueuedJob, _prepare, columns_of, database
 from .exceptions import EnqueueError, UnknownJobType
+from .jobspec import EnqueuedJob, columns_of, database, prepare
 
 ON_FAILURE = ("cancel", "run")
 
@@ -148,7 +148,7 @@ class Workflow:
         for job in self.jobs:
             try:
                 prepared.append(
-                    _prepare(
+                    prepare(
                         job.type,
                         job.payload,
                         queue=job.options.get("queue"),

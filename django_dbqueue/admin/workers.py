@@ -1,12 +1,11 @@
 """The admin's workers page: the worker registry (presence.py), read-only.
 
-Imported by admin.py. It lists the workers that are not expired, as ``jobqueue_status`` does
-(``presence.live_workers``): host, pid, version, queues, concurrency, execution mode, state
+Imported by the admin package. It lists the workers that are not expired, as ``jobqueue_status``
+does (``presence.live_workers``): host, pid, version, queues, concurrency, execution mode, state
 (running, stopping, or stale: it missed its heartbeats), start, last heartbeat and the jobs it
 runs now, which link to those jobs. Nobody adds, changes or deletes a worker here: each worker
 writes its own row, and a deleted row would come back at its next heartbeat. Seeing the page
-needs the "view worker" permission.
-"""
+needs the "view worker" permission."""
 
 import threading
 from urllib.parse import urlencode
@@ -17,9 +16,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from . import presence
-from .conf import get_settings
-from .models import WorkerRecord
+from .. import presence
+from ..conf import get_settings
+from ..models import WorkerRecord
 
 _shown = threading.local()  # the registry read once per changelist request
 

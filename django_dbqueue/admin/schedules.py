@@ -1,11 +1,10 @@
 """The admin's schedule page: stored entries, editable; the settings entries, read-only.
 
-Imported by admin.py. Every write goes through ``schedule_entries`` (``save_entry``,
+Imported by the admin package. Every write goes through ``schedule_entries`` (``save_entry``,
 ``delete_entry``), like the code API, so an edit in the admin keeps the guarantee of one job per
 tick and no gap while workers tick the entry. The form's validation is the scheduler's own
 (``schedule_entries.validate``), its errors shown on the field they name. Adding, changing,
-enabling, disabling and deleting need the model's add/change/delete permissions.
-"""
+enabling, disabling and deleting need the model's add/change/delete permissions."""
 
 import threading
 
@@ -14,9 +13,9 @@ from django.conf import settings
 from django.contrib import admin, messages
 from django.utils.html import format_html, format_html_join
 
-from . import registry, schedule_entries, scheduler
-from .conf import get_settings
-from .models import ScheduleEntry
+from .. import registry, schedule_entries, scheduler
+from ..conf import get_settings
+from ..models import ScheduleEntry
 
 _shown = threading.local()  # the status rows computed once per changelist request
 

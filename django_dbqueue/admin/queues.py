@@ -1,17 +1,16 @@
 """The admin's queue page (flow control): which queues are paused, how many slots of a
 fleet-wide limit are in use, when a rate window reopens; pause and resume.
 
-Imported by admin.py. Pausing and resuming need the queue model's change permission; they go
-through ``flow.pause_queue``/``flow.resume_queue``, like the command and the API.
-"""
+Imported by the admin package. Pausing and resuming need the queue model's change permission;
+they go through ``flow.pause_queue``/``flow.resume_queue``, like the command and the API."""
 
 import threading
 
 from django.contrib import admin, messages
 
-from . import flow, store
-from .conf import get_settings
-from .models import QueueState
+from .. import flow, store
+from ..conf import get_settings
+from ..models import QueueState
 
 _shown = threading.local()  # the flow state read once per changelist request
 

@@ -1,133 +1,25 @@
-"""The admin: views over the same store functions the commands and the worker use.
-
-Built for a table of millions of rows: no full ``COUNT(*)`` on a page load (counts are capped),
-filter choices come from settings and the registry instead of ``SELECT DISTINCT``, and every
-list is ordered along an index. Every action needs its own permission and reports what it did
-and what it refused.
-"""
+"""The jobs page: the list, a job's detail, its actions (requeue, run now, cancel, delete
+finished) and the queue dashboard's URL."""
 
 import json
 
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.db import DatabaseError
 from django.db.models import Case, CharField, Q, When
 from django.db.models.fields.json import KeyTextTransform
-from django.db.models.functions import Now
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils import timezone
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from . import cancellation, charts, dashboard, names, registry, store, wakeup
-from .conf import get_settings
-from .models import UNIQUE_HELD, BackgroundJob, DeadLetter, JobDelivery
-from .states import FINISHED_STATES, DeliveryState, JobState
-
-COUNT_CAP = 10_000
-
-
-class CappedCountPaginator(Paginator):
-    """Counts at most ``COUNT_CAP + 1`` rows (``SELECT count(*) FROM (... LIMIT n)``): a page of a
-    million-row table costs a bounded count, and the page links stop at the cap."""
-
-    @cached_property
-    def count(self):
-        return self.object_list[: COUNT_CAP + 1].count()
-
-
-class TypeFilter(admin.SimpleListFilter):
-    """By registered type, or by the task of a ``django.tasks`` job (``?type=task:<path>``).
-
-    The choices are the registered types and the ``@task``s this process knows (names.py), not
-    a ``SELECT DISTINCT``; any task path typed into the URL filters as well, compared as text.
-    """
-
-    title = "type"
-    parameter_name = "type"
-
-    def lookups(self, request, model_admin):
-        choices = [(name, name) for name in sorted(registry.all_types())]
-        return choices + [(TASK_PREFIX + path, path) for path in names.known_tasks()]
-
-    def queryset(self, request, queryset):
-        value = self.value()
-        if not value:
-            return queryset
-        if value.startswith(TASK_PREFIX) and registry.get(value) is None:
-            return queryset.filter(type=names.TASKS_TYPE, payload__task=value[len(TASK_PREFIX) :])
-        return queryset.filter(type=value)
-
-
-TASK_PREFIX = "task:"
-
-
-class QueueFilter(admin.SimpleListFilter):
-    title = "queue"
-    parameter_name = "queue"
-
-    def lookups(self, request, model_admin):
-        return [(name, name) for name in get_settings().QUEUES]
-
-    def queryset(self, request, queryset):
-        return queryset.filter(queue=self.value()) if self.value() else queryset
-
-
-class StuckFilter(admin.SimpleListFilter):
-    """Running past its lease: its worker died or hung; the sweeper will take it back."""
-
-    title = "stuck"
-    parameter_name = "stuck"
-
-    def lookups(self, request, model_admin):
-        return [("yes", "running past its lease")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "yes":
-            return queryset.filter(state=JobState.RUNNING, leased_until__lt=Now())
-        return queryset
-
-
-class FlowFilter(admin.SimpleListFilter):
-    """Jobs holding a unique key now, or live jobs with a serial key (docs/concepts.md)."""
-
-    title = "flow control"
-    parameter_name = "flow"
-
-    def lookups(self, request, model_admin):
-        return [("unique", "holding a unique key"), ("serial", "live, with a serial key")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "unique":
-            return queryset.filter(UNIQUE_HELD)
-        if self.value() == "serial":
-            return queryset.filter(_serial(None))
-        return queryset
-
-
-def _serial(key):
-    """Live jobs with serial key ``key`` (any key for ``None``): dbqueue_job_serial_idx."""
-    condition = Q(state__in=[JobState.PENDING, JobState.RUNNING])
-    return condition & (Q(serial_key__isnull=False) if key is None else Q(serial_key=key))
-
-
-def _exact_search(queryset, term, key_field, id_field="pk"):
-    """Exact matches on indexed columns only. Django's own search wraps every column in UPPER()
-    and so can never use an index: on a million rows that is a sequential scan per page."""
-    term = term.strip()
-    if not term:
-        return queryset
-    condition = Q(**{key_field: term})
-    if term.isdigit() and len(term) < 19:
-        condition |= Q(**{id_field: int(term)})
-    return queryset.filter(condition)
-
-
-def _pre(value):
-    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', value)
+from .. import cancellation, names, store, wakeup
+from ..conf import get_settings
+from ..models import UNIQUE_HELD, BackgroundJob
+from ..states import FINISHED_STATES, JobState
+from .common import CappedCountPaginator, exact_search, pre
+from .dashboard_page import dashboard_context
+from .filters import FlowFilter, QueueFilter, StuckFilter, TypeFilter, live_serial
 
 
 class BackgroundJobAdmin(admin.ModelAdmin):
@@ -278,11 +170,11 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         return super().get_queryset(request).defer("payload", "result").annotate(task_path=task)
 
     def get_search_results(self, request, queryset, search_term):
-        found = _exact_search(queryset, search_term, "idempotency_key")
+        found = exact_search(queryset, search_term, "idempotency_key")
         term = search_term.strip()
         if term:
             # Live rows only: the partial indexes of the unique and serial keys hold only those.
-            found = found | queryset.filter((Q(unique_key=term) & UNIQUE_HELD) | _serial(term))
+            found = found | queryset.filter((Q(unique_key=term) & UNIQUE_HELD) | live_serial(term))
         return found, False
 
     @admin.display(description="holds its unique key now")
@@ -322,12 +214,12 @@ class BackgroundJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="payload")
     def payload_pretty(self, obj):
-        return _pre(json.dumps(obj.payload, indent=2, ensure_ascii=False, sort_keys=True))
+        return pre(json.dumps(obj.payload, indent=2, ensure_ascii=False, sort_keys=True))
 
     @admin.display(description="result")
     def result_pretty(self, obj):
         return (
-            "" if obj.result is None else _pre(json.dumps(obj.result, indent=2, ensure_ascii=False))
+            "" if obj.result is None else pre(json.dumps(obj.result, indent=2, ensure_ascii=False))
         )
 
     @admin.display(description="waits on / waited on by")
@@ -383,8 +275,8 @@ class BackgroundJobAdmin(admin.ModelAdmin):
                     e.get("class", ""),
                     e.get("at", ""),
                     e.get("worker", "") or "?",
-                    _pre(e.get("message", "")),
-                    _pre(e.get("traceback", "")) if e.get("traceback") else "",
+                    pre(e.get("message", "")),
+                    pre(e.get("traceback", "")) if e.get("traceback") else "",
                 )
                 for e in obj.errors
             ),
@@ -418,7 +310,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
                 **self.admin_site.each_context(request),
                 "opts": self.model._meta,
                 "title": "Queue dashboard",
-                **_dashboard_context(request),
+                **dashboard_context(request),
             },
         )
 
@@ -505,164 +397,4 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             )
 
 
-class DeadLetterAdmin(BackgroundJobAdmin):
-    """The dead letters: jobs that spent their attempts or were discarded. Newest death first."""
-
-    list_display = ["id", "type_display", "queue", "attempts_display", "finished_at", "last_error"]
-    list_filter = [QueueFilter, TypeFilter]
-    ordering = ["-finished_at", "-id"]
-    actions = ["requeue", "delete_finished"]
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).filter(state=JobState.DEAD)
-
-    def has_requeue_permission(self, request):
-        return request.user.has_perm("django_dbqueue.requeue_backgroundjob")
-
-
-class UnconfirmedFilter(admin.SimpleListFilter):
-    title = "confirmation"
-    parameter_name = "unconfirmed"
-
-    def lookups(self, request, model_admin):
-        return [("yes", "unconfirmed (outcome unknown)")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "yes":
-            return queryset.filter(state=DeliveryState.RECORDED)
-        return queryset
-
-
-class JobDeliveryAdmin(admin.ModelAdmin):
-    list_display = [
-        "id",
-        "key",
-        "state",
-        "job_id",
-        "attempt",
-        "provider_reference",
-        "created_at",
-        "updated_at",
-    ]
-    list_filter = [UnconfirmedFilter, "state"]
-    search_fields = ["key"]
-    search_help_text = "An exact delivery key, or the id of the job that made it."
-    ordering = ["-id"]
-    paginator = CappedCountPaginator
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
-    actions = ["mark_sent", "mark_failed"]
-    readonly_fields = [
-        "key",
-        "state",
-        "job",
-        "attempt",
-        "provider_reference",
-        "error",
-        "created_at",
-        "updated_at",
-    ]
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False  # a record is the only memory that an effect happened: deleting it lets a
-        # retry perform the effect again
-
-    def get_search_results(self, request, queryset, search_term):
-        return _exact_search(queryset, search_term, "key", id_field="job_id"), False
-
-    def has_settle_permission(self, request):
-        return request.user.has_perm("django_dbqueue.settle_jobdelivery")
-
-    def _settle(self, request, queryset, state, note):
-        selected = list(queryset.values_list("id", flat=True))
-        moved = store.settle_deliveries(queryset.db, selected, state=str(state), error=note)
-        if moved:
-            self.message_user(
-                request, f"Marked {moved} delivery record(s) {state}.", messages.SUCCESS
-            )
-        if len(selected) - moved:
-            self.message_user(
-                request,
-                f"{len(selected) - moved} selected record(s) were left alone: only unconfirmed "
-                "(recorded) deliveries can be settled.",
-                messages.WARNING,
-            )
-
-    @admin.action(
-        description="Mark sent (the provider confirms it happened)", permissions=["settle"]
-    )
-    def mark_sent(self, request, queryset):
-        self._settle(request, queryset, DeliveryState.SENT, "")
-
-    @admin.action(
-        description="Mark failed (it did not happen; a retry may send it)", permissions=["settle"]
-    )
-    def mark_failed(self, request, queryset):
-        self._settle(
-            request, queryset, DeliveryState.FAILED, f"marked failed by {request.user} in the admin"
-        )
-
-
 admin.site.register(BackgroundJob, BackgroundJobAdmin)
-admin.site.register(DeadLetter, DeadLetterAdmin)
-admin.site.register(JobDelivery, JobDeliveryAdmin)
-
-
-DASHBOARD_REFRESH = 30  # seconds between the dashboard page's own reloads
-
-
-def _dashboard_context(request):
-    """The dashboard's data and charts for the template (``?hours=1|6|24``)."""
-    hours = dashboard.parse_hours(request.GET.get("hours"))
-    data = dashboard.build(get_settings().DATABASE, hours)
-    labels = [timezone.localtime(start).strftime("%H:%M") for start in data.starts]
-    every = max(1, len(labels) // 6)
-    finished = charts.stacked_bars(
-        "dbq-finished",
-        f"Jobs finished per minute by state, last {hours} h",
-        [(state, data.finished[state]) for state in dashboard.FINISHED_STATES],
-        labels,
-        unit="jobs/min",
-        every=every,
-    )
-    depth = charts.lines(
-        "dbq-depth",
-        f"Queue depth (due jobs) by queue, last {hours} h",
-        sorted(data.depth.items()),
-        labels,
-        unit="jobs",
-        every=every,
-    )
-    waits = charts.lines(
-        "dbq-wait",
-        f"Wait from due to start, p50 and p95, last {hours} h",
-        [("p50", data.wait_p50), ("p95", data.wait_p95)],
-        labels,
-        unit="seconds",
-        every=every,
-    )
-    failures = charts.horizontal_bars(
-        "dbq-failures",
-        f"Failures by job type, last {hours} h",
-        [(job_type, [dead, failed]) for job_type, dead, failed in data.failures],
-        names=["dead letters", "failed attempts"],
-        unit="jobs",
-    )
-    return {
-        "dashboard": data,
-        "charts": {"finished": finished, "depth": depth, "waits": waits, "failures": failures},
-        "windows": sorted(dashboard.WINDOWS),
-        "refresh": DASHBOARD_REFRESH,
-        "step_minutes": data.step // 60,
-        "status": sorted(store.status(get_settings().DATABASE, get_settings().QUEUES).items()),
-    }
-
-
-# Each registers its page: flow control, the schedule entries and the worker registry.
-from . import queue_admin, schedule_admin, worker_admin  # noqa: E402, F401

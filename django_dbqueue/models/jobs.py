@@ -1,0 +1,254 @@
+"""The queue: ``BackgroundJob``, its workflow edges (``Dependency``) and the dead jobs' proxy."""
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+from ..states import FINISHED_STATES, MAX_PRIORITY, MIN_PRIORITY, JobState
+from .fields import IdArrayField
+
+# When a job holds its unique key: live (pending, waiting or running) and, in the "pending"
+# mode, never claimed yet. Written out again in sql.py (UNIQUE_HELD_SQL); keep them equal.
+UNIQUE_HELD = Q(unique_key__isnull=False, state__in=["pending", "waiting", "running"]) & (
+    Q(unique_while="active") | Q(started_at__isnull=True)
+)
+
+
+class BackgroundJob(models.Model):
+    """One unit of background work. Rows are written by ``enqueue`` and ``store`` only."""
+
+    id = models.BigAutoField(primary_key=True)
+    type = models.CharField(max_length=200, help_text="Registered job type name.")
+    queue = models.CharField(max_length=100, default="default")
+    payload = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    priority = models.SmallIntegerField(default=0, help_text="Higher runs first (-100..100).")
+    run_after = models.DateTimeField(db_default=Now(), help_text="Not claimed before this time.")
+    attempts = models.PositiveIntegerField(default=0, help_text="Claims so far.")
+    max_attempts = models.PositiveIntegerField(default=10)
+    lease_seconds = models.FloatField(default=60.0)
+    leased_until = models.DateTimeField(null=True, blank=True)
+    # NULL, not "": no worker holds it; and NULL keys stay out of the unique key index.
+    worker_id = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # Random per claim: the fence of every write about this run (completion, failure, lease
+    # extension, release). Kept after the run ends, so a worker can tell its own finished run.
+    lease_token = models.BigIntegerField(null=True, blank=True, editable=False)
+    idempotency_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
+    errors = models.JSONField(default=list, blank=True, help_text="One entry per failed attempt.")
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The W3C ``traceparent`` of the trace that enqueued the job (docs/observability.md); NULL
+    # when no trace was active, which is every enqueue without OpenTelemetry.
+    traceparent = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # Workflows (docs/workflows.md): how many of its dependencies a ``waiting`` job still waits
+    # for, and the ids of the jobs that wait for this one (NULL for a job outside a workflow:
+    # the completion and the trigger of migration 0009 then do nothing more for it). On the row
+    # itself, so that a completion reads the newest list even when it had to wait for the
+    # commit that added a dependent (a deferred trigger of migration 0015 appends to it at the
+    # commit of the workflow's transaction; see sql.INSERT_WORKFLOW and sql.COMPLETE_JOBS).
+    waiting_on = models.PositiveIntegerField(db_default=0, default=0, editable=False)
+    dependents = IdArrayField(null=True, blank=True, editable=False)
+    # Cancelling (docs/concepts.md): when a cancel was asked for, and by whom ("admin:<user>",
+    # "api", cancel()'s ``by=``, or "handler" for a handler that cancelled its own job). A
+    # running job that carries the mark stays running until its handler ends; whatever the
+    # outcome then (success, failure, timeout, a swept lease, a shutdown), the write that ends
+    # the run ends the job cancelled: never retried, never dead. NULL on every other job, so
+    # the hot statements test one NULL per row and nothing more.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True, editable=False)
+    cancelled_by = models.CharField(  # noqa: DJ001
+        max_length=200, null=True, blank=True, editable=False
+    )
+    # Unique while active (docs/concepts.md): at most one live job per ``unique_key``. With
+    # ``unique_while = 'active'`` the key is held while the job is pending, waiting or running;
+    # with ``'pending'`` only until its first claim (``started_at`` is set then and never
+    # cleared, so a retry or a release back to pending never takes the key again). The key
+    # stays on the row after that, for the admin.
+    unique_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
+    unique_while = models.CharField(  # noqa: DJ001
+        max_length=8, null=True, blank=True, choices=[("pending", "pending"), ("active", "active")]
+    )
+    # Serial key (docs/concepts.md): jobs sharing it never run at the same time, and run in
+    # enqueue (id) order; enforced by the claim (sql.CLAIM_JOBS).
+    serial_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
+
+    class Meta:
+        db_table = "dbqueue_job"
+        verbose_name = "background job"
+        ordering = ["-id"]
+        permissions = [
+            ("requeue_backgroundjob", "Can requeue dead or cancelled jobs"),
+            ("run_now_backgroundjob", "Can make a scheduled job due now"),
+            ("cancel_backgroundjob", "Can cancel pending, waiting or running jobs"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(state__in=JobState.values), name="dbqueue_job_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state=JobState.RUNNING, leased_until__isnull=False)
+                    | (~Q(state=JobState.RUNNING) & Q(leased_until__isnull=True))
+                ),
+                name="dbqueue_job_running_iff_leased",
+            ),
+            models.CheckConstraint(
+                condition=(
+                    Q(state__in=FINISHED_STATES, finished_at__isnull=False)
+                    | (~Q(state__in=FINISHED_STATES) & Q(finished_at__isnull=True))
+                ),
+                name="dbqueue_job_finished_iff_final",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=MIN_PRIORITY, priority__lte=MAX_PRIORITY),
+                name="dbqueue_job_priority_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1) & Q(attempts__lte=models.F("max_attempts")),
+                name="dbqueue_job_attempts_bounded",
+            ),
+            models.CheckConstraint(
+                condition=Q(lease_seconds__gt=0), name="dbqueue_job_lease_positive"
+            ),
+            # A pending job always has an attempt left: a claim can never push attempts past
+            # max_attempts (which would break the CHECK above and stop the claim for everyone).
+            models.CheckConstraint(
+                condition=~Q(state=JobState.PENDING) | Q(attempts__lt=models.F("max_attempts")),
+                name="dbqueue_job_pending_has_attempts_left",
+            ),
+            # A waiting job waits for at least one dependency; no other job counts any.
+            models.CheckConstraint(
+                condition=(
+                    Q(state=JobState.WAITING, waiting_on__gt=0)
+                    | (~Q(state=JobState.WAITING) & Q(waiting_on=0))
+                ),
+                name="dbqueue_job_waiting_iff_counting",
+            ),
+            # Only a running job waits for its cancellation to take effect; a requeue clears the
+            # mark. (A pending job is cancelled at once, so it never carries one.)
+            models.CheckConstraint(
+                condition=(
+                    Q(cancel_requested_at__isnull=True)
+                    | Q(state__in=[JobState.RUNNING, JobState.CANCELLED])
+                ),
+                name="dbqueue_job_cancel_mark_running",
+            ),
+            # At most one job per idempotency key, whatever its state.
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="dbqueue_job_idempotency_key_uniq",
+            ),
+            # A unique key comes with its mode, and a mode with its key.
+            models.CheckConstraint(
+                condition=(
+                    Q(unique_key__isnull=True, unique_while__isnull=True)
+                    | Q(unique_key__isnull=False, unique_while__in=["pending", "active"])
+                ),
+                name="dbqueue_job_unique_while_valid",
+            ),
+            # At most one live job per unique key (see unique_key above). The same predicate
+            # is the ON CONFLICT target of sql.INSERT_JOB_UNIQUE* and the live-holder lookup.
+            models.UniqueConstraint(
+                fields=["unique_key"],
+                condition=UNIQUE_HELD,
+                name="dbqueue_job_unique_key_live_uniq",
+            ),
+        ]
+        indexes = [
+            # The claim: per queue, in claim order, pending rows only.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="dbqueue_job_claim_idx",
+                condition=Q(state=JobState.PENDING),
+            ),
+            # The sweeper: running rows by lease expiry.
+            models.Index(
+                fields=["leased_until"],
+                name="dbqueue_job_lease_idx",
+                condition=Q(state=JobState.RUNNING),
+            ),
+            # The status summary's count of dead letters per queue, from the index alone.
+            models.Index(
+                fields=["queue"],
+                name="dbqueue_job_dead_queue_idx",
+                condition=Q(state=JobState.DEAD),
+            ),
+            # The status and metrics count of jobs waiting for workflow dependencies.
+            models.Index(
+                fields=["queue"],
+                name="dbqueue_job_waiting_idx",
+                condition=Q(state=JobState.WAITING),
+            ),
+            # The claim's serial-key test: the other live jobs of a key, by id.
+            models.Index(
+                fields=["serial_key", "id"],
+                name="dbqueue_job_serial_idx",
+                condition=Q(serial_key__isnull=False, state__in=["pending", "running"]),
+            ),
+            # The failed attempts the rollup and the dashboard count (sql.FAILED_ATTEMPTS_SQL):
+            # pending rows with an error history (retries, requeued jobs), by run_after. A new
+            # job (no error) and every claimed one is outside it: enqueue and claim write no
+            # entry; a failure that sends a job back to pending writes one.
+            models.Index(
+                fields=["run_after"],
+                name="dbqueue_job_retried_idx",
+                condition=Q(state=JobState.PENDING) & ~Q(errors=[]),
+            ),
+            # Retention and the dead-letter views: finished rows by age.
+            models.Index(
+                fields=["state", "finished_at"],
+                name="dbqueue_job_finished_idx",
+                condition=Q(state__in=FINISHED_STATES),
+            ),
+        ]
+
+    def __str__(self):
+        return f"{self.type} #{self.pk} ({self.state})"
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: ``job`` runs after ``depends_on`` is done.
+
+    ``run_on_failure``: when ``depends_on`` dies or is cancelled, ``job`` runs anyway instead of
+    being cancelled. No foreign keys in the database (retention deletes jobs with plain SQL);
+    the edges of a pruned job are deleted with it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # (job, depends_on) is unique: that index serves the walk from a job to its dependencies.
+    job = models.ForeignKey(
+        BackgroundJob,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    # Indexed (a ForeignKey is): the trigger's walk from a finished job to its dependents.
+    depends_on = models.ForeignKey(
+        BackgroundJob, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
+    )
+    run_on_failure = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "dbqueue_dependency"
+        verbose_name = "job dependency"
+        verbose_name_plural = "job dependencies"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="dbqueue_dependency_uniq"),
+        ]
+
+    def __str__(self):
+        return f"#{self.job_id} after #{self.depends_on_id}"
+
+
+class DeadLetter(BackgroundJob):
+    """The dead jobs, as their own admin page (a proxy: same table, no schema)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
