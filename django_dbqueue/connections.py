@@ -39,8 +39,8 @@ class PlannedOnce(str):
     (``plan_cache_mode = force_generic_plan``, see ``Session._plan_mode``); every other
     statement is planned for each execution's own values. The two that run for every batch
     are marked so where they are written (``CLAIM_JOBS`` in store/claiming.py, ``COMPLETE_JOBS``
-    in store/completion.py): planning them cost more than running them (0.5 and 0.9 ms against 1.3 and
-    1.0 ms for a batch of 50 in EXPLAIN ANALYZE). Each one has a plan that fits every size of
+    in store/completion.py): planning them cost more than running them (0.5 and 0.9 ms against
+    1.3 and 1.0 ms for a batch of 50 in EXPLAIN ANALYZE). Each one has a plan that fits every size of
     batch and table, which tests/integration/test_plans.py checks; a statement marked so needs
     the same. The text is the statement's own (a ``str``); anything derived from it (an
     ``EXPLAIN`` prefix, a ``replace()``) is a plain ``str`` and planned for its values."""
@@ -241,8 +241,8 @@ class Session:
         every batch and table size. Every other statement is planned for its own values. The
         mode is switched only where one kind follows the other: two more statements in the same
         round trip, for a lease extension or a failure between claims, and twice per round trip
-        for a worker whose queues have fleet-wide limits (its claim, ``store.claiming.CLAIM_LIMITED``, runs
-        plpgsql whose statements are planned for their values). A worker without limits that
+        for a worker whose queues have fleet-wide limits (its claim, ``CLAIM_LIMITED`` in store/claiming.py,
+        runs plpgsql whose statements are planned for their values). A worker without limits that
         only claims and completes never switches. Unprepared (``PREPARE = False``), every
         execution is planned for its values anyway, and nothing is switched."""
         if not self._switches_for(statement):

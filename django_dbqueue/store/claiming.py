@@ -108,8 +108,8 @@ def claim(
 #   as free threads, or no free thread) must not be mistaken for an empty queue. (A UNION ALL
 #   rather than a window over the candidates: measured cheaper, ~5% of a claim; a count of the
 #   candidates cost as much again, so the worker infers the cut instead.)
-# Planned once per session (PLANNED_ONCE): its plan does not depend on the values (the claim
-# index for each queue, the primary key for the update).
+# Planned once per session (connections.PlannedOnce): its plan does not depend on the values
+# (the claim index for each queue, the primary key for the update).
 CLAIM_JOBS = PlannedOnce("""
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',

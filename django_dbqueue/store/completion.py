@@ -68,15 +68,15 @@ def complete_ending(using, acks, *, async_commit=False, channel=None):
 # The result is one row (one value each to decode, as the claim's): the ids made done as a JSON
 # array, the ids ended cancelled as a JSON object id -> who cancelled it ('' when nobody is
 # recorded), NULL for none, and how many queues were woken.
-# Planned once per session (PLANNED_ONCE). The states it matches, 'running' and 'waiting', are
-# parameters so that a plan made without the values cannot use dbqueue_job_lease_idx or
-# dbqueue_job_waiting_idx, partial indexes on those states: statistics taken while few jobs ran
-# (or none waited) rate such an index at one row, and a plan made then would walk every running
-# job for each completed one (every waiting job for each batch that releases a dependent) until
-# the table is next analyzed (PostgreSQL plans it again then; autovacuum analyzes once a tenth
-# of the rows changed, by default). The primary key, one probe per id, is the plan at every size
-# (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements,
-# planned under the same mode, match theirs the same way (migration 0013).
+# Planned once per session (connections.PlannedOnce). The states it matches, 'running' and
+# 'waiting', are parameters so that a plan made without the values cannot use dbqueue_job_lease_idx
+# or dbqueue_job_waiting_idx, partial indexes on those states: statistics taken while few jobs ran
+# (or none waited) rate such an index at one row, and a plan made then would walk every running job
+# for each completed one (every waiting job for each batch that releases a dependent) until the
+# table is next analyzed (PostgreSQL plans it again then; autovacuum analyzes once a tenth of the
+# rows changed, by default). The primary key, one probe per id, is the plan at every size
+# (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements, planned
+# under the same mode, match theirs the same way (migration 0013).
 COMPLETE_JOBS = PlannedOnce("""
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
