@@ -86,7 +86,7 @@ from .workers import announce_worker, forget_expired_workers, live_workers, with
 from .workflows import dependency_results, insert_workflow, workflow_neighbours
 
 __all__ = [
-    "_NAMING_MISSING",
+    "_NAMING_MISSING",  # read and cleared by tests/integration/test_wakeup_slots.py
     "StoredEntry",
     "advance_schedule",
     "advance_schedule_entry",
