@@ -34,7 +34,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from django_dbqueue import sql, store  # noqa: E402 - after the path set-up above
+from django_dbqueue import store  # noqa: E402 - after the path set-up above
+
+try:  # the store/ package (issue 26); against.py runs this script on older commits too
+    from django_dbqueue.store import wakeups as sql
+except ImportError:
+    from django_dbqueue import sql
 
 CHANNEL = "dbqueue_bench_commit_wakeup"
 PAYLOADS = ["1:default"]

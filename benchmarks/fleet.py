@@ -128,7 +128,14 @@ def invoice_values(pid, i):
 def django_transaction(side):
     from django.db import connection, transaction
 
-    from django_dbqueue import enqueue, sql, wakeup
+    from django_dbqueue import enqueue, wakeup
+
+    try:  # the store/ package (issue 26); against.py runs this script on older commits too
+        from django_dbqueue.store import jobs as job_sql
+        from django_dbqueue.store import wakeups as wake_sql
+    except ImportError:
+        from django_dbqueue import sql as job_sql
+        from django_dbqueue import sql as wake_sql
 
     if side in WINDOWS:
         from django.conf import settings
@@ -138,9 +145,10 @@ def django_transaction(side):
         settings.DBQUEUE = {**settings.DBQUEUE, "WAKEUP_WINDOW": WINDOWS[side]}
         get_settings.cache_clear()
     if side == "ours-nocheck":  # the INSERT without looking whether a worker waits
-        sql.INSERT_JOB = sql.INSERT_JOB.replace(sql._WANTED, "false")
-    if side == "ours-sync-notify":
-        sql.NOTIFY_WORKERS = sql.NOTIFY_WORKERS_NAMED = sql.NOTIFY_WORKERS_AT_COMMIT  # flushed
+        job_sql.INSERT_JOB = job_sql.INSERT_JOB.replace(job_sql._WANTED, "false")
+    if side == "ours-sync-notify":  # the wake-up sent with a flushed commit
+        wake = wake_sql.NOTIFY_WORKERS_AT_COMMIT
+        wake_sql.NOTIFY_WORKERS = wake_sql.NOTIFY_WORKERS_NAMED = wake
     if side == "ours-thread":
         route_every_wake_up_through_the_sender(wakeup)
     statement = BASE_ENQUEUE if side == "django+notify" else BARE_ENQUEUE

@@ -11,7 +11,7 @@
   plain claim. limited/unlimited is what a limit of 10 costs no-op jobs; limited/capped is the
   part of it due to the fleet-wide machinery rather than to holding only 10 jobs at once.
 - claim: the plain claim's cost (a worker with no limit configured), this branch's
-  ``sql.CLAIM_JOBS`` (with the paused-queue probe) against the same statement without it (the
+  ``CLAIM_JOBS`` (with the paused-queue probe) against the same statement without it (the
   claim as it was before flow control, kept below as ``CLAIM_BEFORE``): ``--claims`` claims of
   10 jobs each on one connection, prepared, alternating the two statements in slices.
 
@@ -48,9 +48,9 @@ SIDES = {
     "capped": {"concurrency": 5},
 }
 
-# The claim before flow control (main at 59a697a): sql.CLAIM_JOBS without the claimable CTE.
+# The claim before flow control (main at 59a697a): CLAIM_JOBS without the claimable CTE.
 # A frozen copy on purpose: the "before" side of the claim-cost comparison must not follow
-# sql.CLAIM_JOBS as it changes.
+# CLAIM_JOBS as it changes.
 CLAIM_BEFORE = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -149,7 +149,10 @@ def claim_loop(conn, statement, n, worker):
 
 
 def claims(env, args):
-    from django_dbqueue import sql
+    try:  # the store/ package (issue 26); against.py runs this script on older commits too
+        from django_dbqueue.store import claiming as sql
+    except ImportError:
+        from django_dbqueue import sql
 
     env.admin.execute(RESET)
     slices = 10

@@ -2,7 +2,7 @@
 
 Builds the rows with generate_series in a database of its own (``dbqueue_scrape_bench`` on
 DATABASE_URL's server; ``--database`` picks another), then times the table gauges' statement
-(``sql.METRICS_SNAPSHOT``) cold (a fresh connection, first execution) and warm, and a scrape
+(``METRICS_SNAPSHOT``, store/metrics.py) cold (a fresh connection, first execution) and warm, and a scrape
 served from the collector's cache (``METRICS_CACHE``), as 50 scrapes a minute would be.
 
     python benchmarks/scrape.py                 # 1,000,000 rows
@@ -100,7 +100,12 @@ def main(argv=None):
     if not args.no_fill:
         fill(params, args.rows)
 
-    from django_dbqueue import metrics, sql
+    from django_dbqueue import metrics
+
+    try:  # the store/ package (issue 26); against.py runs this script on older commits too
+        from django_dbqueue.store import metrics as sql
+    except ImportError:
+        from django_dbqueue import sql
 
     cold, warm = [], []
     for _ in range(args.repeat):

@@ -51,9 +51,10 @@ def cancel(job_ids, *, by=None, using=None):
 
     Runs on the caller's transaction: inside ``transaction.atomic()`` the cancel commits (and
     the workers are told) with the caller's commit, or not at all. A running job's row is not
-    written until that commit (a deferred trigger marks it then, sql.CANCEL_JOBS), so however
-    long the transaction stays open, its worker's heartbeat and completions never wait for it;
-    a job that finished before the commit is left as it ended. Jobs of a workflow that wait
+    written until that commit (a deferred trigger marks it then: CANCEL_JOBS in
+    store/operations.py), so however long the transaction stays open, its worker's heartbeat
+    and completions never wait for it; a job that finished before the commit is left as it
+    ended. Jobs of a workflow that wait
     for a cancelled job are cancelled with it (or run, with ``on_failure="run"``); those
     waiting for a running job wait for its end.
     """

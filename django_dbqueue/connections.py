@@ -24,8 +24,6 @@ import psycopg
 from django.core.signals import request_finished
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
-from . import sql
-
 logger = logging.getLogger("django_dbqueue")
 
 # A lost connection surfaces as OperationalError (server gone, terminated) or InterfaceError
@@ -34,6 +32,38 @@ logger = logging.getLogger("django_dbqueue")
 DB_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
 # Any other database error (a constraint, a missing table): logged, retried slowly.
 OTHER_DB_ERRORS = (DatabaseError, psycopg.Error)
+
+
+class PlannedOnce(str):
+    """A statement that a worker's Session runs with a generic plan, made once per connection
+    (``plan_cache_mode = force_generic_plan``, see ``Session._plan_mode``); every other
+    statement is planned for each execution's own values. The two that run for every batch
+    are marked so where they are written (``CLAIM_JOBS`` in store/claiming.py, ``COMPLETE_JOBS``
+    in store/completion.py): planning them cost more than running them (0.5 and 0.9 ms against
+    1.3 and 1.0 ms for a batch of 50 in EXPLAIN ANALYZE). Each one has a plan that fits every size of
+    batch and table, which tests/integration/test_plans.py checks; a statement marked so needs
+    the same. The text is the statement's own (a ``str``); anything derived from it (an
+    ``EXPLAIN`` prefix, a ``replace()``) is a plain ``str`` and planned for its values."""
+
+    __slots__ = ()
+
+
+# The backend of a session, taken when it connects: its pid and start (a pid alone may be reused
+# by a later backend). Read again after a lost connection (TERMINATE_LOST_BACKEND).
+SESSION_BACKEND = """
+SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()
+"""
+
+# After a lost connection, before RELEASE_UNKNOWN_JOBS: end the session's old backend and wait
+# until it is gone. The client side may be gone while the backend still runs the last statement
+# (waiting on a lock, or for its commit): a claim it commits after the release has looked is
+# never released, and its jobs sit out their lease and spend an attempt. Once that backend is
+# gone, its transaction has committed or rolled back, and the release's snapshot sees which.
+# No row: it is gone already. A false: still there after the wait (try again).
+TERMINATE_LOST_BACKEND = """
+SELECT pg_terminate_backend(pid, %(wait_ms)s) FROM pg_stat_activity
+WHERE pid = %(pid)s AND backend_start = %(started)s
+"""
 
 # Keys of Django's connection parameters that are not libpq connection options.
 _NOT_CONNINFO = {
@@ -105,7 +135,7 @@ class Session:
 
     The claim loop runs a handful of statements thousands of times. They are prepared once
     (``prepare``); claims, completions and lease extensions ask for an asynchronous commit in the
-    statement itself (see sql.py), failures, dead letters and releases commit durably.
+    statement itself (see store/), failures, dead letters and releases commit durably.
 
     Behind PgBouncer in transaction mode set ``PREPARE`` to False, also where it keeps prepared
     statements (1.21 and newer): a preparing session SETs its plan mode, which a transaction
@@ -149,7 +179,7 @@ class Session:
         try:
             if self.prepare:
                 # Prepared, and planned for each execution's own values, except the statements
-                # of sql.PLANNED_ONCE (see _plan_mode): a generic plan made for statements not
+                # marked PlannedOnce (see _plan_mode): a generic plan made for statements not
                 # written for it was seen to pick a sequential scan of the whole table.
                 conn.execute(_PLAN_MODE[False][0], prepare=False)
             if self.listen is not None:
@@ -173,21 +203,21 @@ class Session:
         """``(pid, backend_start)`` of the server backend behind ``conn``, or None when the pid
         libpq was given at connection is not the backend's own: a pooler (PgBouncer) made it up,
         and its server connections serve other clients too, so they are never ended."""
-        row = conn.execute(sql.SESSION_BACKEND, prepare=False).fetchone()
+        row = conn.execute(SESSION_BACKEND, prepare=False).fetchone()
         if row is None or row[0] != conn.info.backend_pid:
             return None
         return row
 
     def end_lost_backends(self, wait=2.0):
         """End the backends of connections this session dropped, and wait until they are gone
-        (sql.TERMINATE_LOST_BACKEND); True once none is left. False: one is still there after
+        (TERMINATE_LOST_BACKEND); True once none is left. False: one is still there after
         ``wait`` seconds (try again later). A backend this role may not end is let be, with a
         warning (the release that follows may then miss a claim it commits later)."""
         while self.lost_backends:
             pid, started = self.lost_backends[0]
             try:
                 rows = self.execute(
-                    sql.TERMINATE_LOST_BACKEND,
+                    TERMINATE_LOST_BACKEND,
                     {"pid": pid, "started": started, "wait_ms": int(wait * 1000)},
                 )
             except psycopg.errors.InsufficientPrivilege as exc:
@@ -206,22 +236,22 @@ class Session:
         """The settings to change before ``statement`` (``_PLAN_MODE``): none when the
         connection plans it as it should already.
 
-        The claim and the completion (``sql.PLANNED_ONCE``) run for every batch, and planning
+        The claim and the completion (``PlannedOnce``) run for every batch, and planning
         them cost more than running them; their generic plan, made once per connection, fits
         every batch and table size. Every other statement is planned for its own values. The
         mode is switched only where one kind follows the other: two more statements in the same
         round trip, for a lease extension or a failure between claims, and twice per round trip
-        for a worker whose queues have fleet-wide limits (its claim, ``sql.CLAIM_LIMITED``, runs
-        plpgsql whose statements are planned for their values). A worker without limits that
+        for a worker whose queues have fleet-wide limits (its claim, ``CLAIM_LIMITED`` in store/claiming.py,
+        runs plpgsql whose statements are planned for their values). A worker without limits that
         only claims and completes never switches. Unprepared (``PREPARE = False``), every
         execution is planned for its values anyway, and nothing is switched."""
         if not self._switches_for(statement):
             return ()
-        self.generic = statement in sql.PLANNED_ONCE
+        self.generic = isinstance(statement, PlannedOnce)
         return _PLAN_MODE[self.generic]
 
     def _switches_for(self, statement):
-        return self.prepare and (statement in sql.PLANNED_ONCE) is not self.generic
+        return self.prepare and isinstance(statement, PlannedOnce) is not self.generic
 
     def connection(self):
         """The open psycopg connection (opened now if need be)."""
@@ -326,7 +356,7 @@ class Session:
 # Per mode, what the Session runs to switch to it. The generic plans are made with sequential
 # scans priced out (enable_seqscan, which only prices them, never forbids them): the plan is
 # made once, often while the table is small (a fresh install, a quiet hour), and must stay
-# right when it holds a backlog of millions. Both statements of PLANNED_ONCE reach their rows
+# right when it holds a backlog of millions. Both PlannedOnce statements reach their rows
 # through an index at every size. Every other statement runs with the session's own settings.
 _PLAN_MODE = {
     False: ("SET plan_cache_mode TO force_custom_plan", "RESET enable_seqscan"),

@@ -74,7 +74,7 @@ class Delivery:
     settled: bool = False
     # When this caller recorded it (the row's updated_at then, in microseconds since the
     # epoch): names this recording, so that only it is settled by this caller
-    # (sql.SETTLE_DELIVERY).
+    # (SETTLE_DELIVERY, store/deliveries.py).
     recorded_at: int | None = field(default=None, repr=False)
 
     @property

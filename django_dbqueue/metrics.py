@@ -12,8 +12,8 @@ Two sources, one exposition:
 - **The table** gives the gauges (depth by queue and state, oldest due job, stuck jobs, dead
   letters, how long a queue has been paused, the live workers from the registry with their
   jobs and heartbeat age, unconfirmed deliveries) from ONE
-  statement (``sql.METRICS_SNAPSHOT``), run at most once per ``METRICS_CACHE`` seconds per
-  process on a connection of its own, however often the endpoint is scraped.
+  statement (``METRICS_SNAPSHOT``, store/metrics.py), run at most once per ``METRICS_CACHE``
+  seconds per process on a connection of its own, however often the endpoint is scraped.
 
 Exposed by ``run_jobqueue --metrics-port PORT`` and by :func:`metrics_view` (mount it in your
 URLconf; staff with the view permission on jobs, or ``Authorization: Bearer <METRICS_TOKEN>``).

@@ -7,7 +7,8 @@ connection, no session state, so PgBouncer in transaction mode is fine): at star
 completion's round trip), and it deletes it at a clean stop (``withdraw``). A worker that stops
 beating (``kill -9``, a lost host, a hung loop) is shown *stale* once ``stale_after`` seconds
 passed since its last heartbeat, is hidden from every listing after ``expire_after`` seconds, and
-its row is deleted by the next sweep of any worker (``sql.FORGET_EXPIRED_WORKERS``).
+its row is deleted by the next sweep of any worker (``FORGET_EXPIRED_WORKERS``,
+store/workers.py).
 
 Both deadlines are counted in heartbeats, with a floor so that a loaded host's pause of a second
 or two never hides a live worker: stale after ``max(2 x HEARTBEAT_INTERVAL, 5 s)``, gone after

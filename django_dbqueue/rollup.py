@@ -8,7 +8,8 @@ thousands of rows. The rollup reads one minute of finished rows per pass, throug
 index, and keeps its counts after retention deletes the jobs.
 
 Every worker calls ``run_once()`` every ``INTERVAL`` seconds; the first to come in a new minute
-does the work, the others find it done with one index probe (see ``sql.ROLLUP_MINUTE``).
+does the work, the others find it done with one index probe (see ``ROLLUP_MINUTE`` in
+store/dashboard.py).
 """
 
 import logging

@@ -154,7 +154,7 @@ def wakeup_slots(queue="default", channel="dbqueue"):
     """``{slot: backend pid}`` of the wake-up slots held on ``queue`` (waiters.py)."""
     from django.db import connection
 
-    from django_dbqueue import sql
+    from django_dbqueue.store import wakeups as sql
 
     with connection.cursor() as cursor:
         cursor.execute(WAKEUP_SLOTS, {"slots": sql.WAKEUP_SLOTS, "name": f"{channel}:{queue}"})
@@ -163,6 +163,6 @@ def wakeup_slots(queue="default", channel="dbqueue"):
 
 def wakeup_waiters(queue="default"):
     """Backend pids that say they wait for wake-ups on ``queue`` (waiters.py)."""
-    from django_dbqueue import sql
+    from django_dbqueue.store import wakeups as sql
 
     return set(scalar(WAKEUP_WAITERS, [sql.WAITING_LOCK, queue]) or ())

@@ -233,7 +233,7 @@ def test_status_summary_reads_partial_indexes_not_the_whole_table():
     """The summary on every changelist page must not scan finished history."""
     import json as jsonlib
 
-    from django_dbqueue import sql
+    from django_dbqueue.store import operations
 
     with connection.cursor() as cursor:
         cursor.execute(
@@ -243,7 +243,7 @@ def test_status_summary_reads_partial_indexes_not_the_whole_table():
                FROM generate_series(1, 100000)"""
         )
         cursor.execute("ANALYZE dbqueue_job")
-        cursor.execute("EXPLAIN (FORMAT JSON) " + sql.STATUS_COUNTS)
+        cursor.execute("EXPLAIN (FORMAT JSON) " + operations.STATUS_COUNTS)
         plan = cursor.fetchone()[0]
     plan = jsonlib.loads(plan) if isinstance(plan, str) else plan
 

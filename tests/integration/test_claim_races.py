@@ -19,8 +19,9 @@ import psycopg
 import pytest
 from django.db import connection, transaction
 
-from django_dbqueue import Workflow, enqueue, enqueue_many, sql, store
+from django_dbqueue import Workflow, enqueue, enqueue_many, store
 from django_dbqueue.connections import connection_params
+from django_dbqueue.store import operations
 from tests.integration.test_flow import NO_FLOW, limits
 from tests.utils import scalar, wait_until
 
@@ -105,7 +106,7 @@ def test_an_older_job_requeued_during_a_newer_ones_claim_is_not_claimed_beside_i
     try:
         if requeue_open:  # the requeue begins first and commits while X is open
             with operator.cursor() as cursor:
-                cursor.execute(sql.REQUEUE_JOBS, {"ids": [older.id]})
+                cursor.execute(operations.REQUEUE_JOBS, {"ids": [older.id]})
         assert [r.id for r in claim_on(x, flow=flow)] == [newer.id]
         if requeue_open:
             operator.commit()

@@ -317,7 +317,7 @@ def test_failed_attempts_count_once_at_their_time_through_a_requeue(settings):
 def test_failed_attempts_are_read_through_indexes_not_a_scan_of_the_table():
     """The failed attempts read the pending rows with an error history through
     dbqueue_job_retried_idx: their cost follows the retries, not the backlog or the history."""
-    from django_dbqueue import sql
+    from django_dbqueue.store import dashboard as dashboard_sql
 
     insert("done", count=20000, ago=7200)
     insert("pending", count=20000, ago=-600)
@@ -325,7 +325,7 @@ def test_failed_attempts_are_read_through_indexes_not_a_scan_of_the_table():
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE dbqueue_job")
         cursor.execute(
-            "EXPLAIN (FORMAT JSON) " + sql.FAILED_ATTEMPTS_SQL,
+            "EXPLAIN (FORMAT JSON) " + dashboard_sql.FAILED_ATTEMPTS_SQL,
             {"from": scalar("SELECT date_trunc('minute', now())")},
         )
         plan = json.dumps(cursor.fetchone()[0])

@@ -236,10 +236,10 @@ def test_a_settle_inside_an_atomic_handler_reconnects_its_side_connection():
 
 def test_a_settle_whose_first_try_committed_reports_success(monkeypatch):
     """The reply of a committed settle was lost: the retry matches nothing, the row says ours."""
-    from django_dbqueue import store
+    from django_dbqueue.store import deliveries
 
     held = begin_delivery("sms:lost-reply")
-    real = store.side_execute
+    real = deliveries.side_execute
     calls = []
 
     def lose_first_reply(using, statement, params):
@@ -251,6 +251,6 @@ def test_a_settle_whose_first_try_committed_reports_success(monkeypatch):
             raise OperationalError("server closed the connection unexpectedly")
         return rows
 
-    monkeypatch.setattr(store, "side_execute", lose_first_reply)
+    monkeypatch.setattr(deliveries, "side_execute", lose_first_reply)
     assert held.sent("ref-3") is True and held.state == "sent"
     assert len(calls) == 3  # the settle, its retry (matching nothing), the read back

@@ -13,9 +13,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_dbqueue
-from django_dbqueue import enqueue, enqueue_many, flow, registry, sql, store
+from django_dbqueue import enqueue, enqueue_many, flow, registry, store
 from django_dbqueue.connections import connection_params
 from django_dbqueue.registry import JobType
+from django_dbqueue.store import claiming
 from tests.utils import scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -252,7 +253,7 @@ def test_unlimited_claim_is_one_statement_and_keeps_its_plan_with_the_pause_filt
         statement, params = store.claim_statement(
             worker_id="w", queues=["default"], limits=[10], limit=10, token=1
         )
-        assert statement == sql.CLAIM_JOBS  # no limit configured: the plain claim
+        assert statement == claiming.CLAIM_JOBS  # no limit configured: the plain claim
         cursor.execute("EXPLAIN (FORMAT JSON) " + statement, params)
         plan = cursor.fetchone()[0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
@@ -413,7 +414,7 @@ def test_a_later_pass_of_the_limited_claim_never_takes_a_job_twice():
         t_rate_key=[],
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql.CLAIM_LIMITED, params)
+        cursor.execute(claiming.CLAIM_LIMITED, params)
         claimed = store.claimed_rows(cursor.fetchall())
         cursor.execute("SELECT part, cardinality(starts) FROM dbqueue_limiter ORDER BY part")
         starts = dict(cursor.fetchall())

@@ -15,10 +15,11 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_dbqueue import EnqueueError, Workflow, enqueue, enqueue_many, job, sql, store
+from django_dbqueue import EnqueueError, Workflow, enqueue, enqueue_many, job, store
 from django_dbqueue.connections import connection_params
 from django_dbqueue.exceptions import JobRegistrationError
 from django_dbqueue.registry import unregister
+from django_dbqueue.store import claiming
 from django_dbqueue.sweeper import Sweeper
 from tests.utils import job_row, run_concurrently, scalar, wait_until
 
@@ -518,7 +519,7 @@ def test_a_job_being_claimed_on_another_connection_holds_back_the_newer_one():
             )[1]
         )
         with other.cursor() as cursor:
-            cursor.execute(sql.CLAIM_JOBS, params)
+            cursor.execute(claiming.CLAIM_JOBS, params)
             claimed = store.claimed_rows(cursor.fetchall())
             assert [r.id for r in claimed] == [a1.id]  # not committed yet
         assert claim() == []  # a1 locked (skipped), a2 behind a1 pending in this snapshot
@@ -542,7 +543,7 @@ def test_unkeyed_claim_keeps_its_index_and_its_estimate():
         )
     enqueue_many([("record", {})] * 2000)
     enqueue_many([{"type": "record", "serial_key": f"k{i % 5}"} for i in range(50)])
-    plan = _claim_plan(sql.CLAIM_JOBS)
+    plan = _claim_plan(claiming.CLAIM_JOBS)
     nodes = list(_nodes(plan))
     scans = [
         (n["Node Type"], n.get("Index Name"))
@@ -553,12 +554,12 @@ def test_unkeyed_claim_keeps_its_index_and_its_estimate():
     assert not any(kind == "Seq Scan" for kind, _ in scans), scans
     # The planner charges the serial test almost nothing per row (an inline NOT EXISTS was
     # charged in full to every backlog row, which pushed big backlogs' claims into JIT).
-    without = sql.CLAIM_JOBS.replace(
+    without = claiming.CLAIM_JOBS.replace(
         "AND (j.serial_key IS NULL\n"
         "               OR (%(threads)s > 0 AND dbqueue_serial_turn(j.serial_key, j.id)))",
         "",
     )
-    assert without != sql.CLAIM_JOBS
+    assert without != claiming.CLAIM_JOBS
     assert plan["Total Cost"] < 1.2 * _claim_plan(without)["Total Cost"]
     # The function's probe reads the serial index, not the 50,000 finished rows of its keys.
     with connection.cursor() as cursor:

@@ -1,4 +1,4 @@
-"""The plans of the statements a worker's Session plans once (sql.PLANNED_ONCE), and the array
+"""The plans of the statements a worker's Session plans once (connections.PlannedOnce), and the array
 literals its hot statements bind.
 
 A generic plan is made once per connection, with the statistics of that moment, and then serves
@@ -19,8 +19,9 @@ from django.db import connection
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_dbqueue import chain, sql, store
+from django_dbqueue import chain, store
 from django_dbqueue.connections import _PLAN_MODE, Session, connection_params
+from django_dbqueue.store import operations
 from tests.utils import job_row, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -341,7 +342,9 @@ def test_the_trigger_requeue_branch_planned_once_finds_its_jobs_by_primary_key()
         for statement in _PLAN_MODE[True]:
             conn.execute(statement, prepare=False)
         explained.plans.clear()
-        moved = conn.execute(sql.REQUEUE_JOBS, {"ids": [doomed.id]}, prepare=False).fetchall()
+        moved = conn.execute(
+            operations.REQUEUE_JOBS, {"ids": [doomed.id]}, prepare=False
+        ).fetchall()
         plans = list(explained.plans)
     finally:
         explained.close()

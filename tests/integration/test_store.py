@@ -10,8 +10,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_dbqueue import enqueue, enqueue_many, sql, store
+from django_dbqueue import enqueue, enqueue_many, store
 from django_dbqueue.connections import connection_params
+from django_dbqueue.store import claiming
 from django_dbqueue.sweeper import Sweeper
 from tests.utils import job_row, run_concurrently, scalar
 
@@ -143,7 +144,7 @@ def test_claim_plan_uses_the_partial_index_with_100k_finished_rows():
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE dbqueue_job")
         cursor.execute(
-            "EXPLAIN (FORMAT JSON) " + sql.CLAIM_JOBS,
+            "EXPLAIN (FORMAT JSON) " + claiming.CLAIM_JOBS,
             {
                 "worker": "w",
                 "queues": ["default"],
@@ -170,7 +171,7 @@ def test_claim_plan_uses_the_partial_index_with_100k_finished_rows():
 def claim_plan_scans():
     with connection.cursor() as cursor:
         cursor.execute(
-            "EXPLAIN (FORMAT JSON) " + sql.CLAIM_JOBS,
+            "EXPLAIN (FORMAT JSON) " + claiming.CLAIM_JOBS,
             {
                 "worker": "w",
                 "queues": ["default"],

@@ -13,8 +13,9 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_dbqueue import enqueue, enqueue_many, sql, store, waiters
+from django_dbqueue import enqueue, enqueue_many, store, waiters
 from django_dbqueue.connections import connection_params
+from django_dbqueue.store import wakeups as sql
 from tests.utils import Listener, scalar, wait_until, wakeup_slots, wakeup_waiters
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -531,8 +531,8 @@ def test_a_stop_ends_the_wait_for_more_completions(fast_settings):
 
 
 def test_worker_session_is_prepared_and_commits_asynchronously_per_statement(fast_settings):
-    from django_dbqueue import sql
     from django_dbqueue.connections import Session
+    from django_dbqueue.store import claiming, completion, leases
 
     session = Session("default")
     try:
@@ -552,9 +552,14 @@ def test_worker_session_is_prepared_and_commits_asynchronously_per_statement(fas
         assert prepared >= 1
     finally:
         session.close()
-    for statement in (sql.CLAIM_JOBS, sql.COMPLETE_JOBS, sql.EXTEND_LEASES):
+    for statement in (claiming.CLAIM_JOBS, completion.COMPLETE_JOBS, leases.EXTEND_LEASES):
         assert "set_config('synchronous_commit'" in statement
-    for statement in (sql.FAIL_JOB, sql.RELEASE_JOBS, sql.RESCUE_EXPIRED, sql.DEFER_UNKNOWN_TYPE):
+    for statement in (
+        completion.FAIL_JOB,
+        leases.RELEASE_JOBS,
+        leases.RESCUE_EXPIRED,
+        completion.DEFER_UNKNOWN_TYPE,
+    ):
         assert "synchronous_commit" not in statement  # failures and releases stay durable
     unprepared = Session("default", prepare=False)
     try:

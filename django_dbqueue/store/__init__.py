@@ -1,0 +1,171 @@
+"""The only code that runs django-dbqueue's SQL, and the only writer of job state.
+
+Each module holds one concept's statements, named after what they do with the reason above
+each, beside the thin functions that run them. Each function takes the database alias (or a
+worker's Session) and plain values and returns plain values; none builds an ORM instance. On an
+alias they run on the calling thread's Django connection, so inside ``transaction.atomic`` they
+take part in the caller's transaction. Values are always bound parameters; statements that touch
+many rows take arrays and ``unnest`` them, so a batch is one round trip; time is always the
+database's ``now()``, never a worker's clock.
+
+This module is the interface the rest of the package uses (``from . import store``,
+``store.claim(...)``): it re-exports the names callers need, and nothing else.
+"""
+
+from ._db import int_array, text_array
+from .claiming import claim, claim_statement, claimed_rows, count_due, new_token
+from .completion import (
+    complete,
+    complete_ending,
+    complete_statement,
+    completed_endings,
+    defer_unknown_type,
+    end_cancelled,
+    fail,
+    fail_job,
+    read_back,
+)
+from .dashboard import (
+    dashboard_clock,
+    dashboard_depth,
+    dashboard_finished,
+    dashboard_waits,
+    dashboard_workers,
+    prune_rollup,
+    rollup_minute,
+)
+from .deliveries import begin_delivery, delivery, settle_deliveries, settle_delivery
+from .flow import ensure_queues, flow_state, pause_queue, rate_window, resume_queue
+from .jobs import (
+    ids_by_keys,
+    insert_job,
+    insert_jobs,
+    insert_unique_job,
+    task_result_row,
+    unique_holder,
+)
+from .leases import extend_leases, release, release_ending, release_unknown, rescue_expired
+from .metrics import metrics_snapshot
+from .operations import (
+    cancel,
+    count_dead,
+    dead_ids,
+    delete_finished,
+    prune,
+    request_cancel,
+    requeue,
+    requeue_blocked,
+    run_now,
+    status,
+)
+from .schedule import (
+    StoredEntry,
+    advance_schedule,
+    advance_schedule_entry,
+    ensure_schedule,
+    lock_schedule,
+    lock_schedule_entry,
+    lock_schedule_entry_for_edit,
+    schedule_state,
+    schedule_status,
+)
+from .schema import applied_migrations, missing_tables
+from .wakeups import (
+    _NAMING_MISSING,
+    await_enqueuers,
+    commit_and_notify,
+    give_slots,
+    notify_now,
+    notify_workers,
+    notify_workers_at_commit,
+    start_waiting,
+    stop_waiting,
+    take_slots,
+)
+from .workers import announce_worker, forget_expired_workers, live_workers, withdraw_worker
+from .workflows import dependency_results, insert_workflow, workflow_neighbours
+
+__all__ = [
+    "_NAMING_MISSING",  # read and cleared by tests/integration/test_wakeup_slots.py
+    "StoredEntry",
+    "advance_schedule",
+    "advance_schedule_entry",
+    "announce_worker",
+    "applied_migrations",
+    "await_enqueuers",
+    "begin_delivery",
+    "cancel",
+    "claim",
+    "claim_statement",
+    "claimed_rows",
+    "commit_and_notify",
+    "complete",
+    "complete_ending",
+    "complete_statement",
+    "completed_endings",
+    "count_dead",
+    "count_due",
+    "dashboard_clock",
+    "dashboard_depth",
+    "dashboard_finished",
+    "dashboard_waits",
+    "dashboard_workers",
+    "dead_ids",
+    "defer_unknown_type",
+    "delete_finished",
+    "delivery",
+    "dependency_results",
+    "end_cancelled",
+    "ensure_queues",
+    "ensure_schedule",
+    "extend_leases",
+    "fail",
+    "fail_job",
+    "flow_state",
+    "forget_expired_workers",
+    "give_slots",
+    "ids_by_keys",
+    "insert_job",
+    "insert_jobs",
+    "insert_unique_job",
+    "insert_workflow",
+    "int_array",
+    "live_workers",
+    "lock_schedule",
+    "lock_schedule_entry",
+    "lock_schedule_entry_for_edit",
+    "metrics_snapshot",
+    "missing_tables",
+    "new_token",
+    "notify_now",
+    "notify_workers",
+    "notify_workers_at_commit",
+    "pause_queue",
+    "prune",
+    "prune_rollup",
+    "rate_window",
+    "read_back",
+    "release",
+    "release_ending",
+    "release_unknown",
+    "request_cancel",
+    "requeue",
+    "requeue_blocked",
+    "rescue_expired",
+    "resume_queue",
+    "rollup_minute",
+    "run_now",
+    "schedule_state",
+    "schedule_status",
+    "settle_deliveries",
+    "settle_delivery",
+    "start_waiting",
+    "status",
+    "stop_waiting",
+    "take_slots",
+    "task_result_row",
+    "text_array",
+    "unique_holder",
+    "withdraw_worker",
+    "workflow_neighbours",
+]

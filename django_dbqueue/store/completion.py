@@ -1,0 +1,289 @@
+"""The end of a claimed job: completion (batched, releasing workflow dependents), failure
+(retry or dead letter), a cancelled end, an unknown type deferred, and the read-back of writes
+whose reply was lost. Every write is fenced by the claim's lease token."""
+
+import json
+
+from ..connections import PlannedOnce
+from ._db import _commit, _execute, int_array, text_array
+
+
+def complete(using, acks, *, async_commit=False, channel=None):
+    """Mark ``[(id, token, result_json_or_None), ...]`` done; returns the set of ids that matched.
+
+    An id missing from the result was fenced out: its lease was lost and the job claimed again
+    (or an earlier try of this same write committed; :func:`read_back` tells). Jobs of a workflow
+    that were waiting for these are released in the same statement, and the workers of their
+    queues woken on ``channel`` (default ``DBQUEUE["NOTIFY_CHANNEL"]``).
+    """
+    if not acks:
+        return set()
+    statement = complete_statement(acks, async_commit=async_commit, channel=channel)
+    return completed_ids(_execute(using, *statement))
+
+
+def complete_ending(using, acks, *, async_commit=False, channel=None):
+    """:func:`complete`, returning ``{id: None}`` for a job done and ``{id: who}`` for one that
+    ended cancelled (its cancel was asked for while it ran; ``''`` when nobody is recorded)."""
+    if not acks:
+        return {}
+    rows = _execute(using, *complete_statement(acks, async_commit=async_commit, channel=channel))
+    return completed_endings(rows)
+
+
+# Batched acknowledgement of successes. Fenced by (id, lease token) and state: a worker whose
+# lease expired and whose job was claimed again matches nothing here, so it cannot overwrite the
+# new holder's state. The ids it did not match come back missing from RETURNING. Committed like
+# the claim (asynchronously with ASYNC_COMMIT: a completion lost in a crash only means the job
+# runs again).
+# Workflows (docs/workflows.md): the same statement releases the jobs waiting for the ones it
+# completes, so "the last dependency is done -> the dependent is pending" commits with the
+# completion or not at all, exactly once:
+# - The dependents' ids come from the completed rows' own ``dependents`` column, as RETURNING
+#   gives it from the newest row version: a completion that waited for the transaction of a
+#   workflow adding a dependent to this job (it locks the row) still sees that dependent, which
+#   an edge-table read with this statement's snapshot would miss.
+# - Each dependent is locked once, in id order, and counts down by the number of its
+#   dependencies completed here; two workers completing dependencies of the same jobs take the
+#   locks in the same order (no deadlock), and the second one's UPDATE re-reads the row the first
+#   one committed, so the counter goes down one completion after the other.
+# - A dependent this statement cannot see at all was linked by a workflow whose commit (its
+#   deferred trigger, migration 0015) ran while this statement waited for the completed row's
+#   lock: its row is newer than this statement's snapshot. A dependent it sees ``cancelled``
+#   may be coming back (a requeue of its failed dependency, in flight or committed since this
+#   snapshot) and counting the dependency completed here as not done. ``late`` hands both to
+#   dbqueue_release_late() (migration 0015), which locks them, waiting or cancelled, and whose
+#   next statement sees every commit before that lock: it counts a waiting one's dependencies
+#   again (the ones completed here counted as done). A requeue that comes after the lock sees
+#   this completion committed. Dependents seen waiting are counted down here, under their lock,
+#   and those seen in any other state (pending, running, finished) need nothing.
+# - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row,
+#   and the function is not called.
+# Cancelling (docs/concepts.md): a job whose cancel was asked for while it ran carries
+# cancel_requested_at, and its success ends it ``cancelled`` with the result kept. One CASE on a
+# column that is NULL for every other job, in the same statement, so the completion of an
+# unmarked job costs what it did. Its dependents are not counted down here (``done`` is false):
+# the workflow trigger of migration 0009 fires for its new state and cancels them (or releases
+# those whose edge says run_on_failure), like for any other cancelled job.
+# The result is one row (one value each to decode, as the claim's): the ids made done as a JSON
+# array, the ids ended cancelled as a JSON object id -> who cancelled it ('' when nobody is
+# recorded), NULL for none, and how many queues were woken.
+# Planned once per session (connections.PlannedOnce). The states it matches, 'running' and
+# 'waiting', are parameters so that a plan made without the values cannot use dbqueue_job_lease_idx
+# or dbqueue_job_waiting_idx, partial indexes on those states: statistics taken while few jobs ran
+# (or none waited) rate such an index at one row, and a plan made then would walk every running job
+# for each completed one (every waiting job for each batch that releases a dependent) until the
+# table is next analyzed (PostgreSQL plans it again then; autovacuum analyzes once a tenth of the
+# rows changed, by default). The primary key, one probe per id, is the plan at every size
+# (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements, planned
+# under the same mode, match theirs the same way (migration 0013).
+COMPLETE_JOBS = PlannedOnce("""
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+),
+completed AS (
+    UPDATE dbqueue_job AS j
+    SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
+        finished_at = now(), leased_until = NULL, result = c.result::jsonb
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[])
+             AS c(id, token, result),
+         commit_mode
+    WHERE j.id = c.id AND j.lease_token = c.token AND j.state = %(running)s
+    RETURNING j.id, j.dependents, j.cancel_requested_at IS NULL AS done, j.cancelled_by
+),
+counts AS MATERIALIZED (
+    SELECT d.id, count(*) AS n
+    FROM completed AS c CROSS JOIN LATERAL unnest(c.dependents) AS d(id)
+    WHERE c.done
+    GROUP BY d.id
+),
+locked AS MATERIALIZED (
+    SELECT j.id FROM dbqueue_job AS j
+    WHERE j.id IN (SELECT id FROM counts) AND j.state = %(waiting)s
+    ORDER BY j.id
+    FOR NO KEY UPDATE
+),
+released AS (
+    UPDATE dbqueue_job AS d
+    SET waiting_on = d.waiting_on - n.n,
+        state = CASE WHEN d.waiting_on = n.n THEN 'pending' ELSE 'waiting' END,
+        run_after = CASE WHEN d.waiting_on = n.n THEN GREATEST(d.run_after, now())
+                         ELSE d.run_after END
+    FROM counts AS n
+    WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state = %(waiting)s
+    RETURNING d.queue, d.state
+),
+late AS (
+    SELECT f.queue
+    FROM (
+        SELECT array_agg(c.id) AS ids FROM counts AS c
+        WHERE NOT EXISTS (SELECT 1 FROM dbqueue_job AS v
+                          WHERE v.id = c.id AND v.state <> 'cancelled')
+    ) AS unseen
+    CROSS JOIN LATERAL dbqueue_release_late(unseen.ids, ARRAY(SELECT id FROM completed
+                                                              WHERE done)) AS f(queue)
+    WHERE unseen.ids IS NOT NULL
+)
+SELECT (SELECT json_agg(id) FROM completed WHERE done)::text,
+       (SELECT json_object_agg(id, COALESCE(cancelled_by, '')) FROM completed WHERE NOT done)::text,
+       (SELECT count(pg_notify(%(channel)s, queue))
+        FROM (SELECT queue FROM released WHERE state = 'pending' UNION SELECT queue FROM late)
+             AS woken)
+""")
+
+
+def complete_statement(acks, *, async_commit=False, channel=None):
+    """:func:`complete`'s statement and parameters, for a Session's ``execute_pipelined``."""
+    if channel is None:
+        from ..conf import get_settings
+
+        channel = get_settings().NOTIFY_CHANNEL
+    ids, tokens, results = zip(*acks, strict=True)
+    params = {
+        "ids": int_array(ids),
+        "tokens": int_array(tokens),
+        "results": text_array(results),
+        "running": "running",
+        "waiting": "waiting",
+        "commit": _commit(async_commit),
+        "channel": channel,
+    }
+    return COMPLETE_JOBS, params
+
+
+def completed_ids(rows):
+    return set(completed_endings(rows))
+
+
+def completed_endings(rows):
+    """``{id: None}`` for each job a completion made done, ``{id: who}`` for each it ended
+    ``cancelled`` (its cancel was asked for while it ran; ``''`` when nobody is recorded)."""
+    if not rows:
+        return {}
+    done, cancelled = rows[0][0], rows[0][1]
+    endings = dict.fromkeys(json.loads(done)) if done is not None else {}
+    if cancelled is not None:
+        endings.update((int(job_id), who) for job_id, who in json.loads(cancelled).items())
+    return endings
+
+
+def fail(using, *, job_id, token, error, delay, dead=False):
+    """Record a failed attempt: retry after ``delay`` seconds, or dead (spent or ``dead=True``),
+    or cancelled when a cancel was asked for while it ran.
+
+    Returns the new state, or ``None`` when the write was fenced out. Always a durable commit.
+    """
+    ended = fail_job(using, job_id=job_id, token=token, error=error, delay=delay, dead=dead)
+    return ended[0] if ended else None
+
+
+# One failure: back to pending after a delay, or dead when the attempts are spent or the handler
+# asked for no retry. Fenced like COMPLETE_JOBS. The error entry gets its time from the database.
+# A job whose cancel was asked for while it ran ends cancelled instead, its error kept: a
+# cancelled job is neither retried nor a dead letter (docs/concepts.md).
+FAIL_JOB = """
+UPDATE dbqueue_job
+SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN %(dead)s OR attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s
+                            OR attempts >= max_attempts THEN now() END,
+    run_after = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s OR attempts >= max_attempts
+                     THEN run_after ELSE now() + %(delay)s * interval '1 second' END,
+    leased_until = NULL,
+    errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING state, run_after, cancelled_by
+"""
+
+
+def fail_job(using, *, job_id, token, error, delay, dead=False):
+    """:func:`fail`, returning ``(state, cancelled_by)``, or ``None`` when fenced out."""
+    rows = _execute(
+        using,
+        FAIL_JOB,
+        {
+            "id": job_id,
+            "token": token,
+            "error": json.dumps(error),
+            "delay": float(delay),
+            "dead": bool(dead),
+        },
+    )
+    return (rows[0][0], rows[0][2]) if rows else None
+
+
+# A run that stopped because it was cancelled: the handler raised JobCancelled (through
+# ctx.raise_if_cancelled() or of its own accord: then "handler" is recorded as who cancelled
+# it), an async handler's task was cancelled, or the worker learned of the cancel before the
+# run started and never started it. Fenced like the rest; durable like a failure.
+END_CANCELLED = """
+UPDATE dbqueue_job
+SET state = 'cancelled', finished_at = now(), leased_until = NULL,
+    cancel_requested_at = COALESCE(cancel_requested_at, now()),
+    cancelled_by = COALESCE(cancelled_by, %(by)s)
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING state, cancelled_by
+"""
+
+
+def end_cancelled(using, *, job_id, token, by="handler"):
+    """End a run that stopped because it was cancelled (or never started for that reason):
+    ``cancelled``, fenced. ``by`` is recorded unless a cancel request already named someone.
+    Returns who cancelled it, or ``None`` when the write was fenced out. A durable commit."""
+    rows = _execute(using, END_CANCELLED, {"id": job_id, "token": token, "by": by})
+    return (rows[0][1] or "") if rows else None
+
+
+# A claimed job whose type this worker has no handler for. During a rolling deploy a worker still
+# on the old code can claim a job of a type only the new code knows: it goes back to pending
+# without spending the attempt, after %(delay)s seconds, for a worker that knows it. A job that
+# has existed for longer than %(grace)s seconds is not waiting for a deploy (its handler was
+# removed or renamed): it is dead at once. Either way the error is recorded.
+# A job whose cancel was asked for meanwhile ends cancelled.
+DEFER_UNKNOWN_TYPE = """
+UPDATE dbqueue_job
+SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN created_at < now() - %(grace)s * interval '1 second'
+                 THEN 'dead' ELSE 'pending' END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL
+                            OR created_at < now() - %(grace)s * interval '1 second' THEN now() END,
+    attempts = CASE WHEN cancel_requested_at IS NOT NULL
+                         OR created_at < now() - %(grace)s * interval '1 second'
+                    THEN attempts ELSE attempts - 1 END,
+    run_after = CASE WHEN cancel_requested_at IS NOT NULL
+                          OR created_at < now() - %(grace)s * interval '1 second' THEN run_after
+                     ELSE now() + %(delay)s * interval '1 second' END,
+    leased_until = NULL,
+    errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+RETURNING state, run_after
+"""
+
+
+def defer_unknown_type(using, *, job_id, token, error, delay, grace):
+    """A job whose type this worker cannot run: back to pending without spending the attempt, or
+    dead when older than ``grace`` seconds. Returns the new state, or ``None`` when fenced."""
+    params = {
+        "id": job_id,
+        "token": token,
+        "error": json.dumps(error),
+        "delay": float(delay),
+        "grace": float(grace),
+    }
+    rows = _execute(using, DEFER_UNKNOWN_TYPE, params)
+    return rows[0][0] if rows else None
+
+
+# What became of jobs a write did not match: a retried acknowledgement whose first try committed
+# but whose reply was lost matches nothing the second time. The token tells whether the row's
+# last write was this run's own (the sweeper and releases clear it).
+READ_BACK_JOBS = """
+SELECT id, state, lease_token FROM dbqueue_job WHERE id = ANY(%(ids)s::bigint[])
+"""
+
+
+def read_back(using, ids):
+    """``{id: (state, lease_token)}`` of the jobs that still exist."""
+    rows = _execute(using, READ_BACK_JOBS, {"ids": list(ids)})
+    return {job_id: (state, token) for job_id, state, token in rows}

@@ -1,0 +1,291 @@
+"""Operator actions over explicit ids (requeue, run now, cancel, delete), the dead jobs,
+retention's pruning, and the status counts per queue and state."""
+
+from django.db import IntegrityError, transaction
+
+from ._db import _execute
+from .jobs import _unique_held
+
+REQUEUE_TRIES = 3  # a holder of a unique key enqueued during the requeue: read again, retry
+
+# Each takes explicit ids and moves only the rows whose state allows it; the caller reports how
+# many moved and how many were left alone. Requeue and run-now return each job's queue, for the
+# wake-up their callers send after the commit (NOTIFY_WORKERS).
+
+# Dead or cancelled -> pending, attempts reset. The error history stays: it is the record of
+# what went wrong, and the next failures are appended after it. A "Requeued" entry marks where
+# the history starts again at attempt 1 (SET reads the row's old state and attempts); it has
+# the shape of an error entry, so that everything listing errors shows it as it is. The cancel
+# mark goes (a pending job carries none); who cancelled it stays in that entry's message.
+#
+# Unique keys: a requeued job would take its unique key again if it is "active" or never
+# started. It is left alone (its key is reported by REQUEUE_BLOCKED_BY_UNIQUE) when another job
+# holds the key now, or when a newer job of the same selection with the same key is requeued in
+# its place: two live jobs with one key would break the promise, and clearing the key would run
+# a duplicate silently. A holder enqueued concurrently can still make the unique index refuse the
+# UPDATE; store.requeue() then tries again, and this test sees the holder.
+REQUEUE_JOBS = (
+    """
+UPDATE dbqueue_job AS j
+SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
+    leased_until = NULL, worker_id = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempts,
+        'class', 'Requeued',
+        'message', 'requeued from ' || state
+                   || COALESCE(' (cancelled by ' || cancelled_by || ')', '')
+                   || ' after ' || attempts || ' attempt(s); attempts start again at 1',
+        'traceback', '',
+        'worker', NULL,
+        'requeued', true,
+        'at', now()))
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('dead', 'cancelled')
+  AND (j.unique_key IS NULL OR NOT (j.unique_while = 'active' OR j.started_at IS NULL)
+       OR (NOT EXISTS (SELECT 1 FROM dbqueue_job AS o
+                       WHERE o.unique_key = j.unique_key AND """
+    + _unique_held("o.")
+    + """)
+           AND NOT EXISTS (SELECT 1 FROM dbqueue_job AS p
+                           WHERE p.id = ANY(%(ids)s::bigint[]) AND p.id > j.id
+                             AND p.unique_key = j.unique_key AND p.state IN ('dead', 'cancelled')
+                             AND (p.unique_while = 'active' OR p.started_at IS NULL))))
+RETURNING j.id, j.queue
+"""
+)
+
+
+def requeue(using, ids):
+    """Dead or cancelled jobs back to pending with attempts reset; returns ``{id: queue}`` of the
+    jobs moved (the caller wakes their queues: ``wakeup.jobs_ready``). A job whose unique key
+    another job holds now stays where it is (:func:`requeue_blocked` says which and why)."""
+    params = {"ids": list(ids)}
+    for tries in range(1, REQUEUE_TRIES + 1):
+        try:
+            # A savepoint: a unique violation (a holder committed between this statement's
+            # snapshot and its write) must not abort the caller's transaction.
+            with transaction.atomic(using=using):
+                return dict(_execute(using, REQUEUE_JOBS, params))
+        except IntegrityError:
+            if tries == REQUEUE_TRIES:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# Which of these dead or cancelled jobs a requeue left alone because another job holds their
+# unique key now: (id, key, holder id, holder state), for the operator's message.
+REQUEUE_BLOCKED_BY_UNIQUE = (
+    """
+SELECT j.id, j.unique_key, o.id, o.state
+FROM dbqueue_job AS j JOIN dbqueue_job AS o
+  ON o.unique_key = j.unique_key AND o.id <> j.id AND """
+    + _unique_held("o.")
+    + """
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('dead', 'cancelled')
+  AND j.unique_key IS NOT NULL
+ORDER BY j.id
+"""
+)
+
+
+def requeue_blocked(using, ids):
+    """``[(id, unique_key, holder_id, holder_state), ...]``: which of the dead or cancelled jobs
+    among ``ids`` cannot be requeued because another job holds their unique key now."""
+    return _execute(using, REQUEUE_BLOCKED_BY_UNIQUE, {"ids": list(ids)})
+
+
+# Pending but scheduled for later -> due now.
+RUN_JOBS_NOW = """
+UPDATE dbqueue_job SET run_after = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND run_after > now()
+RETURNING id, queue
+"""
+
+
+def run_now(using, ids):
+    """Scheduled pending jobs due now; returns ``{id: queue}`` of the jobs moved."""
+    return dict(_execute(using, RUN_JOBS_NOW, {"ids": list(ids)}))
+
+
+def cancel(using, ids, *, by=None):
+    """Pending or waiting jobs to cancelled, running ones marked for cancellation; returns the
+    ids cancelled at once (:func:`request_cancel` says what became of each)."""
+    return {i for i, state in request_cancel(using, ids, by=by).items() if state == "cancelled"}
+
+
+# cancel(): pending or waiting -> cancelled at once; running -> marked (cancel_requested_at),
+# and it stays running: its handler is under way, on a worker that learns of the mark from the
+# cancel notification (sent after the commit, wakeup.jobs_cancelled) or its next heartbeat,
+# and whatever the run's outcome, the write that ends it ends it cancelled (COMPLETE_JOBS,
+# FAIL_JOB, END_CANCELLED, RESCUE_EXPIRED, the releases). Marking again keeps the first request
+# and its author. The workflow trigger cancels the jobs waiting for a cancelled one
+# (docs/workflows.md); a running job's dependents wait for its end.
+# A running job is not written here: this statement writes a row of dbqueue_cancel_at_commit,
+# whose deferred trigger (migration 0015) marks the job at the caller's COMMIT, so the caller's
+# transaction holds the running row's lock for its commit only (held from here, it stopped the
+# job's worker: its heartbeat, completion and claims wait for it). The same goes for a job this
+# statement saw pending or waiting and that a worker claimed meanwhile (the UPDATE re-reads it
+# and leaves it). At the commit the trigger marks it if it still runs, cancels it if it waits
+# again (a retry), and leaves it if it finished meanwhile. An id missing from the result is
+# unknown.
+CANCEL_JOBS = """
+WITH moved AS (
+    UPDATE dbqueue_job AS j
+    SET state = 'cancelled', finished_at = now(), waiting_on = 0,
+        cancel_requested_at = now(), cancelled_by = %(by)s
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('pending', 'waiting')
+    RETURNING j.id
+),
+requested AS (
+    INSERT INTO dbqueue_cancel_at_commit (job_id, cancelled_by)
+    SELECT j.id, %(by)s FROM dbqueue_job AS j
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('pending', 'waiting', 'running')
+      AND j.id NOT IN (SELECT id FROM moved)
+    ORDER BY j.id
+    RETURNING job_id
+)
+SELECT id, 'cancelled' FROM moved
+UNION ALL
+SELECT job_id, 'running' FROM requested
+UNION ALL
+SELECT id, 'finished' FROM dbqueue_job
+WHERE id = ANY(%(ids)s::bigint[]) AND id NOT IN (SELECT id FROM moved)
+  AND id NOT IN (SELECT job_id FROM requested)
+"""
+
+
+def request_cancel(using, ids, *, by=None):
+    """``{id: "cancelled" | "running" | "finished"}`` for the ids that exist: cancelled now,
+    marked while it runs, or already done, dead or cancelled. Ids missing are unknown."""
+    return dict(_execute(using, CANCEL_JOBS, {"ids": list(ids), "by": by}))
+
+
+# Deletes finished jobs (done, dead, cancelled) only: the state test sits in the DELETE itself,
+# so a job requeued since it was selected is left alone. A deleted job's own dependency edges go
+# with it (one index probe per job; a job that others depended on keeps its edges until those
+# are deleted, so they can still read its result while it exists). Delivery records keep the job's id (no
+# foreign key in the database), as they do when retention prunes a job.
+DELETE_FINISHED_JOBS = """
+WITH deleted AS (
+    DELETE FROM dbqueue_job
+    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('done', 'dead', 'cancelled')
+    RETURNING id
+),
+edges AS (
+    DELETE FROM dbqueue_dependency WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
+)
+SELECT id FROM deleted
+"""
+
+
+def delete_finished(using, ids):
+    """Delete the done, dead or cancelled jobs among ``ids``; returns the ids deleted."""
+    return {row[0] for row in _execute(using, DELETE_FINISHED_JOBS, {"ids": list(ids)})}
+
+
+# The ids of dead jobs matching optional filters, in id order after a cursor, for requeueing a
+# large set in bounded batches.
+SELECT_DEAD_IDS = """
+SELECT id FROM dbqueue_job
+WHERE state = 'dead' AND id > %(after)s
+  AND (%(type)s::text IS NULL OR type = %(type)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ORDER BY id
+LIMIT %(limit)s
+"""
+
+
+def dead_ids(using, *, after=0, job_type=None, queue=None, limit=1000):
+    params = {"after": after, "type": job_type, "queue": queue, "limit": limit}
+    return [row[0] for row in _execute(using, SELECT_DEAD_IDS, params)]
+
+
+COUNT_DEAD = """
+SELECT count(*) FROM dbqueue_job
+WHERE state = 'dead'
+  AND (%(type)s::text IS NULL OR type = %(type)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+"""
+
+
+def count_dead(using, *, job_type=None, queue=None):
+    return _execute(using, COUNT_DEAD, {"type": job_type, "queue": queue})[0][0]
+
+
+# Retention: delete finished jobs of one state older than a cutoff, oldest first, bounded, and
+# SKIP LOCKED so that workers pruning at once split the rows. Served by dbqueue_job_finished_idx.
+# The workflow edges of a deleted job go with it (see DELETE_FINISHED_JOBS).
+PRUNE_FINISHED = """
+WITH deleted AS (
+    DELETE FROM dbqueue_job
+    WHERE id IN (
+        SELECT id FROM dbqueue_job
+        WHERE state = %(state)s AND finished_at < now() - %(age)s * interval '1 second'
+        ORDER BY finished_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id
+),
+edges AS (
+    DELETE FROM dbqueue_dependency WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
+)
+SELECT count(*) FROM deleted
+"""
+
+
+def prune(using, *, state, age, limit):
+    """Delete up to ``limit`` ``state`` jobs finished more than ``age`` seconds ago; returns n."""
+    params = {"state": state, "age": float(age), "limit": limit}
+    return _execute(using, PRUNE_FINISHED, params)[0][0]
+
+
+def _empty_status():
+    return {
+        "pending": 0,
+        "running": 0,
+        "dead": 0,
+        "stuck": 0,
+        "scheduled": 0,
+        "waiting": 0,
+        "oldest_due_seconds": None,
+    }
+
+
+# Counts per queue and state of the live states (pending, waiting, running, dead), the oldest due pending
+# job's age, and the stuck (lease expired) jobs. One aggregate per state, so each is served by
+# that state's partial index (claim, lease, finished) instead of a scan of the whole table.
+# Finished rows (done, cancelled) are left out: retention keeps them few, and counting them is
+# the one part that grows with history.
+STATUS_COUNTS = """
+SELECT queue, 'pending' AS state, count(*), 0 AS stuck,
+       EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now())) AS oldest_due,
+       count(*) FILTER (WHERE run_after > now()) AS scheduled
+FROM dbqueue_job WHERE state = 'pending' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*), count(*) FILTER (WHERE leased_until < now()), NULL, 0
+FROM dbqueue_job WHERE state = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*), 0, NULL, 0
+FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+UNION ALL
+SELECT queue, 'waiting', count(*), 0, NULL, 0
+FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
+ORDER BY 1, 2
+"""
+
+
+def status(using, queues=()):
+    """Per-queue counts: ``{queue: {"pending", "running", "dead", "stuck", "scheduled",
+    "oldest_due_seconds"}}``, with a zero entry for each of ``queues`` that has no live job.
+    ``pending`` is due now; ``scheduled`` is pending with a future ``run_after``; ``waiting``
+    waits for its workflow dependencies; ``stuck`` is running past its lease."""
+    result = {queue: _empty_status() for queue in queues}
+    for queue, state, count, stuck, oldest_due, scheduled in _execute(using, STATUS_COUNTS, {}):
+        entry = result.setdefault(queue, _empty_status())
+        # "pending" counts what is due now; pending jobs scheduled for later are "scheduled".
+        entry[state] = count - scheduled
+        entry["stuck"] += stuck
+        entry["scheduled"] += scheduled
+        if oldest_due is not None:
+            entry["oldest_due_seconds"] = float(oldest_due)
+    return result

@@ -1,0 +1,44 @@
+"""The schema the database has: missing tables, applied migrations (asked after a statement
+failed, to name the migration to apply)."""
+
+from django.db import connections
+
+from ..connections import connect
+from ._db import _execute
+
+# Which of the package's tables the database lacks (never migrated, or migrated elsewhere):
+# to_regclass() is NULL for a name that resolves to no relation on the search path.
+MISSING_TABLES = """
+SELECT name FROM unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL
+"""
+
+
+def missing_tables(using, tables, *, after_error=False):
+    """Those of ``tables`` that do not exist in database ``using``. ``after_error``: a statement
+    just failed there, so a transaction open on the thread's connection is aborted; ask on a
+    connection of its own then."""
+    run = _execute_after_error if after_error else _execute
+    return [row[0] for row in run(using, MISSING_TABLES, {"tables": list(tables)})]
+
+
+# Which migrations of an app the database recorded as applied (Django's own table): asked only
+# after a statement failed on a missing column or function, to name the migrations to apply.
+APPLIED_MIGRATIONS = """
+SELECT name FROM django_migrations WHERE app = %(app)s
+"""
+
+
+def applied_migrations(using, app):
+    """The names of ``app``'s migrations recorded as applied in ``using``, asked as
+    :func:`missing_tables` asks after an error."""
+    return [row[0] for row in _execute_after_error(using, APPLIED_MIGRATIONS, {"app": app})]
+
+
+def _execute_after_error(using, statement, params):
+    """Run on ``using`` after a statement failed there: on the thread's Django connection when
+    no transaction was open (the failed statement ended its own), else on a connection opened
+    for this one question and closed (the caller's transaction is aborted)."""
+    if not connections[using].in_atomic_block:
+        return _execute(using, statement, params)
+    with connect(using) as own:
+        return own.execute(statement, params).fetchall()

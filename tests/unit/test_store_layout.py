@@ -1,0 +1,55 @@
+"""The store package's shape: small modules, one home per statement, a narrow interface, and the
+statements a worker's Session plans once marked where they are written."""
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import django_dbqueue.store as store
+from django_dbqueue.connections import PlannedOnce
+
+STORE = Path(store.__file__).parent
+MODULES = sorted(STORE.glob("*.py"))
+
+
+def assigned_names(path):
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        for target in targets:
+            if isinstance(target, ast.Name):
+                yield target.id
+
+
+def test_every_store_module_stays_under_500_lines():
+    sizes = {path.name: len(path.read_text().splitlines()) for path in MODULES}
+    assert all(lines <= 500 for lines in sizes.values()), sizes
+
+
+def test_each_statement_has_one_home():
+    homes = {}
+    for path in MODULES:
+        for name in assigned_names(path):
+            if name.isupper():
+                homes.setdefault(name, []).append(path.name)
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}
+
+
+def test_only_the_claim_and_the_completion_are_planned_once():
+    planned = set()
+    for info in pkgutil.iter_modules(store.__path__):
+        module = importlib.import_module(f"{store.__name__}.{info.name}")
+        planned |= {
+            f"{info.name}.{name}"
+            for name, value in vars(module).items()
+            if isinstance(value, PlannedOnce)
+        }
+    assert planned == {"claiming.CLAIM_JOBS", "completion.COMPLETE_JOBS"}
+    # Derived text (an EXPLAIN prefix, a replace()) is planned for its own values.
+    assert type("EXPLAIN " + store.claiming.CLAIM_JOBS) is str
+
+
+def test_the_interface_names_only_what_exists():
+    assert all(hasattr(store, name) for name in store.__all__)
+    assert len(set(store.__all__)) == len(store.__all__)
