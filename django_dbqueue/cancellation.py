@@ -4,7 +4,7 @@ A pending or waiting job is cancelled at once. A running job is marked for cance
 worker running it learns it within milliseconds from a notification sent after the commit (or,
 when that is lost, from its next heartbeat), tells the handler (``ctx.cancelled``,
 ``ctx.raise_if_cancelled()``; an async handler's task is cancelled), and whatever the run's
-outcome, the job ends ``cancelled``: never retried, never dead (docs/concepts.md, "Cancelling").
+outcome, the job ends ``cancelled``: never retried, never dead (docs/concepts/cancelling.md).
 """
 
 from collections.abc import Iterable

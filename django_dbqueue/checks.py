@@ -107,7 +107,7 @@ def _flow_error(id_, validator, value, label):
                 id_,
                 f"{exc}.",
                 hint='For example "global_concurrency": 5, or "rate_limit": {"limit": 100, '
-                '"period": 60, "key": "account_id"} (docs/concepts.md#flow-control).',
+                '"period": 60, "key": "account_id"} (docs/concepts/flow-control.md).',
             )
         ]
     return []

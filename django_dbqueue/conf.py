@@ -54,7 +54,7 @@ DEFAULTS = {
 }
 
 
-# A queue's options in QUEUES (flow control: docs/concepts.md#flow-control).
+# A queue's options in QUEUES (flow control: docs/concepts/flow-control.md).
 QUEUE_OPTIONS = ("concurrency", "global_concurrency", "rate_limit")
 
 

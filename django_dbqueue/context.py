@@ -19,7 +19,7 @@ class JobContext:
 
     ``cancelled`` turns true once the worker learns that the job's cancel was asked for
     (``django_dbqueue.cancel()`` or the admin); ``raise_if_cancelled()`` raises
-    ``JobCancelled`` then, which ends the job ``cancelled`` (docs/concepts.md, "Cancelling").
+    ``JobCancelled`` then, which ends the job ``cancelled`` (docs/concepts/cancelling.md).
     """
 
     __slots__ = (

@@ -1,9 +1,9 @@
 """Flow control: fleet-wide concurrency limits, rate limits and paused queues.
 
-PostgreSQL enforces all three inside the claim (``sql.CLAIM_JOBS`` skips paused queues;
-``sql.CLAIM_LIMITED`` and ``dbqueue_claim_within_limits``, migrations 0010 and 0016, apply the
+PostgreSQL enforces all three inside the claim (``store.claiming.CLAIM_JOBS`` skips paused queues;
+``store.claiming.CLAIM_LIMITED`` and ``dbqueue_claim_within_limits``, migrations 0010 and 0016, apply the
 limits), never one elected worker. This module turns the ``QUEUES`` options and the ``@job`` options into the
-claim's parameters, and is the API to pause and resume a queue (docs/concepts.md#flow-control).
+claim's parameters, and is the API to pause and resume a queue (docs/concepts/flow-control.md).
 """
 
 from dataclasses import dataclass

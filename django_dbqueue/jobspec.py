@@ -112,7 +112,7 @@ _NO_FLOW = {"unique_key": None, "unique_while": None, "serial_key": None}
 
 
 def _flow(job_type, payload, *, unique_key, unique_while, debounce, serial_key):
-    """The flow-control values of one job (docs/concepts.md), validated."""
+    """The flow-control values of one job (docs/concepts/flow-control.md), validated."""
     if (
         debounce is False
         and unique_key is None

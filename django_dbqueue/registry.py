@@ -32,7 +32,7 @@ class JobType:
     is_async: bool = False
     global_concurrency: int | None = None  # jobs of this type running at once, fleet-wide
     rate_limit: dict | None = None  # {"limit", "period", "key"}: starts per period, fleet-wide
-    # Flow control (docs/concepts.md): callables of the payload, called at enqueue.
+    # Flow control (docs/concepts/flow-control.md): callables of the payload, called at enqueue.
     unique_key: Any = None
     unique_while: str | None = None
     serial_key: Any = None
@@ -178,9 +178,9 @@ def job(
     handler and the job's completion in one transaction. ``global_concurrency``: at most this
     many jobs of the type run at once across every worker. ``rate_limit``: at most
     ``{"limit": N, "period": seconds}`` starts of the type per period across every worker,
-    per value of the payload field ``"key"`` when given (docs/concepts.md#flow-control).
+    per value of the payload field ``"key"`` when given (docs/concepts/flow-control.md).
 
-    Flow control (docs/concepts.md), each a callable of the payload called at enqueue and
+    Flow control (docs/concepts/flow-control.md), each a callable of the payload called at enqueue and
     returning a str, an int or ``None`` (no key for that job): ``unique_key``, with
     ``unique_while`` (``"pending"`` or ``"active"``, the default) makes a second enqueue while
     one job of the key is live return that job; ``serial_key`` runs the jobs of a key one at a

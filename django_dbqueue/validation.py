@@ -185,7 +185,7 @@ def _plain(number):
     return str(int(number)) if float(number).is_integer() else f"{number:g}"
 
 
-# Flow control (docs/concepts.md#flow-control): a QUEUES option or an @job keyword.
+# Flow control (docs/concepts/flow-control.md): a QUEUES option or an @job keyword.
 RATE_LIMIT_KEYS = ("limit", "period", "key")
 MAX_RATE_KEY = 63  # a payload field name: a short identifier, as a column name would be
 

@@ -1,7 +1,7 @@
 """Workflows: jobs that wait for other jobs (docs/workflows.md).
 
 ``workflow()`` builds a graph of jobs; ``Workflow.enqueue()`` inserts all of them and their
-dependency edges in one statement (``sql.INSERT_WORKFLOW``) in the caller's transaction, so the
+dependency edges in one statement (``store.workflows.INSERT_WORKFLOW``) in the caller's transaction, so the
 graph commits or rolls back as one. ``chain()`` and ``group()`` are the two common shapes built
 on it. A job with dependencies starts ``waiting``; the database trigger of migration 0009 makes
 it ``pending`` when its last dependency is done, or cancels it when one dies or is cancelled

@@ -65,7 +65,7 @@ class StuckFilter(admin.SimpleListFilter):
 
 
 class FlowFilter(admin.SimpleListFilter):
-    """Jobs holding a unique key now, or live jobs with a serial key (docs/concepts.md)."""
+    """Jobs holding a unique key now, or live jobs with a serial key (docs/concepts/keys.md)."""
 
     title = "flow control"
     parameter_name = "flow"

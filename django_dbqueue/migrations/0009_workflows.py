@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 # The workflow trigger (docs/workflows.md): what happens to the jobs waiting for a job that dies
 # or is cancelled, and for one that is requeued from there. (A completion releases the jobs
-# waiting for it itself, in sql.COMPLETE_JOBS, one statement per batch.) It runs only for a job
+# waiting for it itself, in store.completion.COMPLETE_JOBS, one statement per batch.) It runs only for a job
 # that has dependents and only for those transitions: the WHEN clause is evaluated in the server
 # before any function call, so the claim, the heartbeat, a retry and every job outside a
 # workflow pay nothing. It runs in the transaction of the statement that changed the state,
@@ -110,7 +110,7 @@ WHEN (OLD.dependents IS NOT NULL AND OLD.state <> NEW.state
 EXECUTE FUNCTION dbqueue_settle_dependents('dbqueue');
 """
 
-# The completion's fallback for dependents it cannot see (sql.COMPLETE_JOBS): a workflow that
+# The completion's fallback for dependents it cannot see (store.completion.COMPLETE_JOBS): a workflow that
 # added a dependent to a running job committed while the completion waited for that job's row
 # lock, so the new dependent's row is newer than the completion's snapshot. This function's
 # statements take a fresh snapshot and see it. It locks those dependents in id order and counts

@@ -5,9 +5,9 @@ import django_dbqueue.models
 from django.db import migrations, models
 
 
-# The limited claim (docs/concepts.md#flow-control): the claim of a worker that has a fleet-wide
-# concurrency or rate limit configured (sql.CLAIM_LIMITED calls it; a worker with none runs
-# sql.CLAIM_JOBS and never calls it). A function rather than one SQL statement, because of READ
+# The limited claim (docs/concepts/flow-control.md): the claim of a worker that has a fleet-wide
+# concurrency or rate limit configured (store.claiming.CLAIM_LIMITED calls it; a worker with none runs
+# store.claiming.CLAIM_JOBS and never calls it). A function rather than one SQL statement, because of READ
 # COMMITTED: a statement's snapshot is taken when it starts, so a statement that waits for the
 # lock of a limiter row and then counts the running jobs counts them as they were before it
 # waited, and two claimers that both saw 4 of 5 slots taken would both take the 5th. Each
@@ -22,7 +22,7 @@ from django.db import migrations, models
 #   every queue (a type is limited fleet-wide), and read the rate windows. A job whose lease ran
 #   out still counts until the sweeper takes it back: its worker may be stopped, not dead.
 # - (c) Candidates are taken in claim order with SKIP LOCKED (migration 0011 adds the serial-key
-#   test of sql.CLAIM_JOBS to both scans), never twice (a later pass skips what an earlier one
+#   test of store.claiming.CLAIM_JOBS to both scans), never twice (a later pass skips what an earlier one
 #   picked: this transaction's own locks do not make SKIP LOCKED skip them), within the room of
 #   their queue,
 #   their type and their rate partition. A keyed rate limit's partition rows are found while

@@ -4,7 +4,7 @@ import importlib
 
 from django.db import migrations, models
 
-# The claim's serial-key test (sql.CLAIM_JOBS, docs/concepts.md#serial-keys): is it this job's
+# The claim's serial-key test (store.claiming.CLAIM_JOBS, docs/concepts/keys.md#serial-keys): is it this job's
 # turn in its key? Yes when no other job of the key is running and no older one (lower id) is
 # pending. A function and not the NOT EXISTS written inline in the claim, for the planner: it
 # charges an inline subquery's full cost to every row the claim's index scan may read (it

@@ -1,4 +1,4 @@
-# Cancelling a running job (docs/concepts.md, "Cancelling"): when the cancel was asked for and
+# Cancelling a running job (docs/concepts/cancelling.md): when the cancel was asked for and
 # by whom. Nullable columns without a default: PostgreSQL adds them to the catalog only, without
 # rewriting the table. The CHECK scans the table once to validate (every existing row passes:
 # the columns are NULL).

@@ -7,7 +7,7 @@
 # dependent it changed. Every state test of theirs that could select such an index is now a
 # constant variable, a parameter to the planner, so a generic plan cannot match those indexes'
 # predicates and goes from the edges (dbqueue_dependency) to the primary key, as
-# sql.COMPLETE_JOBS does for its own dependents (tests/integration/test_plans.py). The tests
+# store.completion.COMPLETE_JOBS does for its own dependents (tests/integration/test_plans.py). The tests
 # under a NOT (``NOT (e.run_on_failure AND p.state IN (...))``) and ``<> 'done'`` imply no
 # index predicate and stay. Same functions, same results; the reverse puts 0009's text back.
 

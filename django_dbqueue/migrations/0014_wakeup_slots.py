@@ -1,4 +1,4 @@
-# Wake-ups that name their workers (docs/concepts.md, "Waking up"; django_dbqueue/waiters.py).
+# Wake-ups that name their workers (docs/concepts/claiming.md, "Waking up"; django_dbqueue/waiters.py).
 # A worker that waits for wake-ups on a queue and has a free thread also holds a slot of it: the
 # lowest free one of WAKEUP_SLOTS session-level advisory locks, slot s of a queue keyed by
 # hashtextextended('<channel>:<queue>', s) (64 bits: two queues, or two projects sharing a

@@ -8,7 +8,7 @@
 #    a waiting dependent's unsatisfied edges afresh (not done, and not dead or cancelled under
 #    run_on_failure), on every death, cancel and requeue of one of its dependencies: the count
 #    is a function of the states, whatever the sequence that led to them. The completion
-#    (sql.COMPLETE_JOBS) still counts down by the dependencies it completes: under the
+#    (store.completion.COMPLETE_JOBS) still counts down by the dependencies it completes: under the
 #    dependent's row lock, from the newest version, which a recount made before it could only
 #    have made with those dependencies not done (they were this completion's, uncommitted).
 # 2. The recount and every change to a dependent happen under the dependent's row lock, taken

@@ -2,7 +2,7 @@ import importlib
 
 from django.db import migrations
 
-# The claim's races of issue 25 (docs/concepts.md, "Serial keys" and "Flow control").
+# The claim's races of issue 25 (docs/concepts/keys.md#serial-keys and docs/concepts/flow-control.md).
 #
 # Serial keys. 0011's turn test (no other job of the key running, none older pending) read the
 # claim statement's snapshot. A job of the key that became pending after that snapshot (an older

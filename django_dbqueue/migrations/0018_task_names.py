@@ -1,4 +1,4 @@
-# The failed attempts counted by the rollup and the dashboard (sql.FAILED_ATTEMPTS_SQL) read the
+# The failed attempts counted by the rollup and the dashboard (store.dashboard.FAILED_ATTEMPTS_SQL) read the
 # pending rows with an error history through this index, instead of a scan of the job table.
 
 from django.db import migrations, models

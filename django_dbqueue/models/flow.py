@@ -6,7 +6,7 @@ from django.db.models.functions import Now
 
 from .fields import TimestampArrayField
 
-# Flow control (docs/concepts.md#flow-control): a row per queue that operators pause and resume,
+# Flow control (docs/concepts/flow-control.md): a row per queue that operators pause and resume,
 # and the limiter rows that the limited claim (dbqueue_claim_within_limits, migrations 0010 and
 # 0016) locks and keeps its rate windows in. Neither is read by the claim of a worker with no limit configured,
 # except for the pause probe (one index lookup per queue).

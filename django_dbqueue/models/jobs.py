@@ -8,7 +8,7 @@ from ..states import FINISHED_STATES, MAX_PRIORITY, MIN_PRIORITY, JobState
 from .fields import IdArrayField
 
 # When a job holds its unique key: live (pending, waiting or running) and, in the "pending"
-# mode, never claimed yet. Written out again in sql.py (UNIQUE_HELD_SQL); keep them equal.
+# mode, never claimed yet. Written out again in store/jobs.py (UNIQUE_HELD_SQL); keep them equal.
 UNIQUE_HELD = Q(unique_key__isnull=False, state__in=["pending", "waiting", "running"]) & (
     Q(unique_while="active") | Q(started_at__isnull=True)
 )
@@ -47,10 +47,10 @@ class BackgroundJob(models.Model):
     # the completion and the trigger of migration 0009 then do nothing more for it). On the row
     # itself, so that a completion reads the newest list even when it had to wait for the
     # commit that added a dependent (a deferred trigger of migration 0015 appends to it at the
-    # commit of the workflow's transaction; see sql.INSERT_WORKFLOW and sql.COMPLETE_JOBS).
+    # commit of the workflow's transaction; see store.workflows.INSERT_WORKFLOW and store.completion.COMPLETE_JOBS).
     waiting_on = models.PositiveIntegerField(db_default=0, default=0, editable=False)
     dependents = IdArrayField(null=True, blank=True, editable=False)
-    # Cancelling (docs/concepts.md): when a cancel was asked for, and by whom ("admin:<user>",
+    # Cancelling (docs/concepts/cancelling.md): when a cancel was asked for, and by whom ("admin:<user>",
     # "api", cancel()'s ``by=``, or "handler" for a handler that cancelled its own job). A
     # running job that carries the mark stays running until its handler ends; whatever the
     # outcome then (success, failure, timeout, a swept lease, a shutdown), the write that ends
@@ -60,7 +60,7 @@ class BackgroundJob(models.Model):
     cancelled_by = models.CharField(  # noqa: DJ001
         max_length=200, null=True, blank=True, editable=False
     )
-    # Unique while active (docs/concepts.md): at most one live job per ``unique_key``. With
+    # Unique while active (docs/concepts/keys.md): at most one live job per ``unique_key``. With
     # ``unique_while = 'active'`` the key is held while the job is pending, waiting or running;
     # with ``'pending'`` only until its first claim (``started_at`` is set then and never
     # cleared, so a retry or a release back to pending never takes the key again). The key
@@ -69,8 +69,8 @@ class BackgroundJob(models.Model):
     unique_while = models.CharField(  # noqa: DJ001
         max_length=8, null=True, blank=True, choices=[("pending", "pending"), ("active", "active")]
     )
-    # Serial key (docs/concepts.md): jobs sharing it never run at the same time, and run in
-    # enqueue (id) order; enforced by the claim (sql.CLAIM_JOBS).
+    # Serial key (docs/concepts/keys.md): jobs sharing it never run at the same time, and run in
+    # enqueue (id) order; enforced by the claim (store.claiming.CLAIM_JOBS).
     serial_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
@@ -149,7 +149,7 @@ class BackgroundJob(models.Model):
                 name="dbqueue_job_unique_while_valid",
             ),
             # At most one live job per unique key (see unique_key above). The same predicate
-            # is the ON CONFLICT target of sql.INSERT_JOB_UNIQUE* and the live-holder lookup.
+            # is the ON CONFLICT target of store.jobs.INSERT_JOB_UNIQUE* and the live-holder lookup.
             models.UniqueConstraint(
                 fields=["unique_key"],
                 condition=UNIQUE_HELD,
@@ -190,7 +190,7 @@ class BackgroundJob(models.Model):
                 name="dbqueue_job_serial_idx",
                 condition=Q(serial_key__isnull=False, state__in=["pending", "running"]),
             ),
-            # The failed attempts the rollup and the dashboard count (sql.FAILED_ATTEMPTS_SQL):
+            # The failed attempts the rollup and the dashboard count (store.dashboard.FAILED_ATTEMPTS_SQL):
             # pending rows with an error history (retries, requeued jobs), by run_after. A new
             # job (no error) and every claimed one is outside it: enqueue and claim write no
             # entry; a failure that sends a job back to pending writes one.

@@ -78,10 +78,10 @@ def claim(
 #   was claimed). The client decodes a whole batch with one json.loads instead of twelve typed
 #   values per job: with psycopg's pure-Python build that per-value decoding was most of the
 #   claim loop's CPU (the payload arrives decoded along with the rest).
-# - A paused queue (dbqueue_queue, docs/concepts.md#pausing-a-queue) is left out before its scan
+# - A paused queue (dbqueue_queue, docs/concepts/flow-control.md#pausing-a-queue) is left out before its scan
 #   runs (one primary key probe per queue, in its own MATERIALIZED CTE: left to itself the
 #   planner may run the anti-join after the lateral scan, locking rows of a paused queue).
-# - Serial keys (docs/concepts.md): a job with a serial key is a candidate only while no other
+# - Serial keys (docs/concepts/keys.md): a job with a serial key is a candidate only while no other
 #   job of its key is running and no older one (lower id) is pending, so jobs of one key run one
 #   at a time in enqueue order, a retrying older job holding back the newer ones. Waiting
 #   (workflow) jobs do not count. The test is dbqueue_serial_turn() (migration 0011 says why a

@@ -59,7 +59,7 @@ def complete_ending(using, acks, *, async_commit=False, channel=None):
 #   and those seen in any other state (pending, running, finished) need nothing.
 # - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row,
 #   and the function is not called.
-# Cancelling (docs/concepts.md): a job whose cancel was asked for while it ran carries
+# Cancelling (docs/concepts/cancelling.md): a job whose cancel was asked for while it ran carries
 # cancel_requested_at, and its success ends it ``cancelled`` with the result kept. One CASE on a
 # column that is NULL for every other job, in the same statement, so the completion of an
 # unmarked job costs what it did. Its dependents are not counted down here (``done`` is false):
@@ -181,7 +181,7 @@ def fail(using, *, job_id, token, error, delay, dead=False):
 # One failure: back to pending after a delay, or dead when the attempts are spent or the handler
 # asked for no retry. Fenced like COMPLETE_JOBS. The error entry gets its time from the database.
 # A job whose cancel was asked for while it ran ends cancelled instead, its error kept: a
-# cancelled job is neither retried nor a dead letter (docs/concepts.md).
+# cancelled job is neither retried nor a dead letter (docs/concepts/cancelling.md).
 FAIL_JOB = """
 UPDATE dbqueue_job
 SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'

@@ -1,7 +1,7 @@
 """A fleet-wide concurrency limit of N never has more than N handlers running, with real
 ``run_jobqueue`` processes: a thread-mode run past its timeout (it still runs: it counts), a
 shutdown whose grace ends while a limited handler runs, and ``HUNG_THREAD_LIMIT`` counting the
-threads stuck now, not every timeout ever (docs/concepts.md#timeouts).
+threads stuck now, not every timeout ever (docs/concepts/claiming.md#timeouts).
 
 Each run records its start and end (``clock_timestamp()``, pid) in testapp_serial_run
 (tests/testapp/hung_jobs.py); a run without an end is still going until its process is gone."""

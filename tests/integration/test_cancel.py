@@ -1,4 +1,4 @@
-"""Cancelling (docs/concepts.md, "Cancelling") against the real database: what cancel() does to
+"""Cancelling (docs/concepts/cancelling.md) against the real database: what cancel() does to
 each state, the mark turning every end of a run into ``cancelled`` (fenced by the lease token),
 workflow dependents, the sweeper and the releases; then in-process workers: a cooperative
 handler, the heartbeat backstop, an async handler, a job withdrawn before it started."""

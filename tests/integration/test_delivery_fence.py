@@ -1,6 +1,6 @@
 """A delivery's settle is fenced by the recording it settles: attempt numbers repeat after a
 requeue, so (job, attempt) cannot tell a stale run from the requeued job's new run of the same
-attempt (docs/concepts.md, "Delivery records")."""
+attempt (docs/deliveries.md)."""
 
 import threading
 

@@ -1,4 +1,4 @@
-"""Unique-while-active jobs and serial keys (docs/concepts.md), against a real PostgreSQL.
+"""Unique-while-active jobs and serial keys (docs/concepts/keys.md), against a real PostgreSQL.
 
 Unique keys: the partial unique index decides, also between concurrent enqueuers on their own
 connections; every statement that moves a job back to pending leaves the index alone. Serial

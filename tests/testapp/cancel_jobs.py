@@ -1,4 +1,4 @@
-"""Job types for the cancellation tests (docs/concepts.md, "Cancelling").
+"""Job types for the cancellation tests (docs/concepts/cancelling.md).
 
 Each records an effect row when it starts (sync ones) or touches ``payload["started_file"]``
 (async ones, which cannot use Django's connection), so that a test knows the run is under way

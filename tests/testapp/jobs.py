@@ -144,7 +144,7 @@ def collect_atomic(ctx):
     return sorted(ctx.dependency_results())
 
 
-# Flow control (docs/concepts.md): @job defaults computed from the payload at enqueue.
+# Flow control (docs/concepts/flow-control.md): @job defaults computed from the payload at enqueue.
 @job("serial-record", serial_key=lambda payload: payload.get("account"))
 def serial_record(ctx):
     """Record (key, start, end) of each run in testapp_serial_run, sleeping ``sleep`` seconds
