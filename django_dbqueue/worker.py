@@ -21,28 +21,25 @@ up (too many hung handler threads, a helper thread died) so that its supervisor 
 
 import logging
 import os
-import random
 import secrets
-import signal
 import socket
 import threading
 import time
 
-from . import flow, registry, signals, store, waiters
+from . import claiming, flow, signals, waiters
 from .acks import Acknowledger
 from .claim_timing import AGAIN, DRAINED, ClaimTiming
 from .conf import get_settings
 from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session, reset_connection
-from .context import JobContext
 from .execution import make_pool, retry_delay
 from .heartbeat import Heartbeat
-from .inflight import Entry, Inflight
+from .inflight import Inflight
 from .maintenance import Maintenance
 from .notifications import Listener, Wakeup, parse_cancel, parse_named, parse_wakeup
 from .presence import Presence
 from .rollup import Rollup
 from .scheduler import Scheduler
-from .shutdown import shut_down
+from .shutdown import install_signal_handlers, shut_down
 from .sweeper import Sweeper
 
 logger = logging.getLogger("django_dbqueue")
@@ -224,105 +221,11 @@ class Worker:
     def _missed(self):
         return self.timing.missed
 
-    def _timeout_of(self, job_type):
-        if job_type is None or not job_type.timeout:
-            return None
-        if job_type.is_async:
-            # The coroutine is cancelled at its timeout; the watchdog steps in only when its
-            # event loop is blocked and cancelling cannot work.
-            return job_type.timeout + max(1.0, 0.1 * job_type.timeout)
-        return job_type.timeout
-
     def run_once(self, done=None):
-        """Claim what fits into the free slots and hand it to the handler pool.
-
-        ``done``: successes taken from the acknowledgement buffer (``acks.take_done()``),
-        written in the same round trip as the claim (two statements, one pipeline): a busy
-        worker pays one round trip per batch, not two. Returns ``(claimed, asked)``.
-        """
-        occupied = self.inflight.occupied()
-        asked = self.timing.free(occupied)
-        if self.max_jobs is not None:
-            asked = min(asked, self.max_jobs - self.claimed_total)
-        if asked <= 0 or self._stop_requested():
-            if done:
-                self._write_done(done)
-            return 0, 0
-        running = self.inflight.by_queue()
-        limits = [
-            max(0, min(asked, cap - running.get(name, 0)))
-            for name, cap in zip(self.queues, self.queue_caps, strict=True)
-        ]
-        threads = max(0, self.concurrency - occupied)
-        token = store.new_token()
-        claim = store.claim_statement(
-            worker_id=self.worker_id,
-            queues=self.queues,
-            limits=limits,
-            limit=asked,
-            token=token,
-            async_commit=self.async_commit,
-            flow=self.flow,
-            # A job with a serial key holds its key from its claim on: only for a free thread.
-            threads=threads,
-        )
-        if done:
-            try:
-                completed, claimed = self.session.execute_pipelined(
-                    [self.acks.done_statement(done), claim]
-                )
-            except DB_ERRORS:
-                self.acks.restore_done(done)
-                raise
-            except OTHER_DB_ERRORS:
-                # Not the connection: let the acknowledger narrow it down to the refused write.
-                self.session.reset()
-                self._write_done(done)
-                claimed = self.session.execute(*claim)
-            else:
-                self.acks.report_done(self.session, done, store.completed_endings(completed))
-        else:
-            claimed = self.session.execute(*claim)
-        rows = store.claimed_rows(claimed)
-        self.timing.claimed(
-            time.monotonic(),
-            got=len(rows),
-            asked=asked,
-            threads=threads,
-            keyed=rows.keyed,
-            held=rows.held,
-            reopen_in=rows.reopen_in,
-            limited=self.flow is not None,
-            # A little jitter, so that the fleet's workers do not all come at the same instant.
-            jitter=random.uniform(0.0, 0.02),
-        )
-        self.claims += 1
-        if not rows:
-            self.empty_claims += 1
-        self.claimed_total += len(rows)
-        entries = [self._entry(row, token) for row in rows]
-        if rows.keyed:
-            # A keyed job was claimed for a free thread: it goes first (a stable sort keeps the
-            # claim's order otherwise), not behind the prefetched ones.
-            entries.sort(key=lambda entry: not entry.keyed)
-        self.inflight.add(entries)
-        self.pool.submit(entries)
-        if rows and logger.isEnabledFor(logging.DEBUG):
-            logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
-        return len(rows), asked
-
-    def _entry(self, row, token):
-        job_type = registry.get(row.type)
-        return Entry(
-            JobContext(row, worker_id=self.worker_id, using=self.using),
-            token,
-            self._timeout_of(job_type),
-            keyed=row.keyed,
-            # Its run must never overlap another that the same limit or key counts.
-            exclusive=row.keyed
-            or row.queue in self._limited_queues
-            or (job_type is not None and job_type.global_concurrency is not None),
-        )
+        """Claim what fits into the free slots and hand it to the handler pool; ``done``, the
+        successes taken from the acknowledgement buffer, ride on the claim (claiming.py).
+        Returns ``(claimed, asked)``."""
+        return claiming.claim(self, done)
 
     # ---------------------------------------------------------------------------------------
     # Called by the handler pool
@@ -345,33 +248,7 @@ class Worker:
 
     def settle(self, entry, outcome):
         """Hand a run's outcome to the acknowledgement buffer (or discard it: given up)."""
-        kind, duration = outcome.kind, outcome.duration
-        if kind == "committed":
-            self.acks.committed(entry, duration=duration, cancelled_by=outcome.cancelled_by)
-        elif kind == "fenced":
-            self.acks.fenced += 1
-            logger.warning(
-                "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, the lease "
-                "was lost and the job belongs to another attempt",
-                entry.ctx.id,
-                entry.ctx.name,
-                entry.ctx.attempt,
-            )
-        elif entry.given_up:
-            return  # timed out, lost or released: that attempt's end is already written
-        elif kind == "success":
-            self.acks.succeed(entry, outcome.result, duration=duration)
-        elif kind == "cancelled":
-            self.acks.cancel(entry, duration=duration)
-        else:
-            self.acks.fail(
-                entry,
-                outcome.error,
-                delay=outcome.delay,
-                dead=kind == "dead",
-                unknown_type=kind == "unknown",
-                duration=duration,
-            )
+        self.acks.settle(entry, outcome)
 
     def finished(self, entry):
         """The pool is done with ``entry``: its handler returned (or its child process is dead),
@@ -407,11 +284,6 @@ class Worker:
         if (retry := self.waiting.next_try()) is not None:
             # A failed take or give let go of WAITING too: say it again soon, not at the poll.
             self.timing.poll_by(retry)
-
-    def _write_done(self, done):
-        """Write ``done`` on its own (the acknowledger's usual path, with its retries)."""
-        self.acks.restore_done(done)
-        self.acks.flush_once(self.session)
 
     def retry_delay(self, job_type, attempt):
         return retry_delay(job_type, attempt, self.conf)
@@ -475,26 +347,8 @@ class Worker:
         self.stop()
 
     def install_signal_handlers(self):
-        def handle(signum, frame):
-            self._signals += 1
-            if self._signals > 1:
-                logger.warning("dbqueue worker %s: second signal, exiting at once", self.worker_id)
-                os._exit(1)
-            logger.warning(
-                "dbqueue worker %s: %s received, finishing running jobs (grace %gs)",
-                self.worker_id,
-                signal.Signals(signum).name,
-                self.conf.SHUTDOWN_GRACE,
-            )
-            # Plain attributes and the lock-free wake-up flag only: the handler runs on the
-            # loop's thread, which may hold a lock of threading.Event's at this instant. The
-            # loop turns the request into ``stopping`` (_stop_requested).
-            self._releasing = True
-            self._stop_signalled = True
-            self._wakeup.set()
-
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+        """SIGTERM and SIGINT stop gracefully; a second one exits at once (shutdown.py)."""
+        install_signal_handlers(self)
 
     def stop(self):
         """Ask the loop to stop claiming and shut down gracefully. Safe from any thread (but not
@@ -710,28 +564,5 @@ class Worker:
         self.timing.wake()  # notifications may have been missed meanwhile
 
     def _recover(self):
-        """After a lost connection: hand back jobs this worker holds but never heard of (a claim
-        that committed while its reply was lost). First the lost connection's backend is ended
-        and seen gone, so that a claim it was still running has committed or rolled back: one
-        that commits after the release looked would hold its jobs until their lease runs out.
-        Returns the ids released, or None when that backend is not gone yet (tried again on the
-        next pass)."""
-        if not self.session.end_lost_backends():
-            logger.warning(
-                "dbqueue worker %s: its lost database session has not ended yet; releasing the "
-                "jobs it may have claimed later",
-                self.worker_id,
-            )
-            return None
-        known = self.inflight.tokens() | {token for _, token in self.acks.pending_keys()}
-        released = store.release_unknown(self.session, worker=self.worker_id, known=known)
-        self._reconnected = False
-        if released:
-            logger.warning(
-                "dbqueue worker %s released %d jobs it held without knowing (a claim whose "
-                "reply was lost with the connection): %s",
-                self.worker_id,
-                len(released),
-                sorted(released),
-            )
-        return released
+        """After a lost connection: release what a lost claim took (claiming.recover)."""
+        return claiming.recover(self)
