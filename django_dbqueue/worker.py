@@ -14,6 +14,9 @@ connection of its own only where ``LISTEN_DATABASE`` names another database); un
 Dedicated connections per worker process: the Session; plus the listener's only when
 ``LISTEN_DATABASE`` sends the LISTEN to another database.
 
+The parts, one module each: when to claim and how much (``claim_timing.py``, pure), one claim
+(``claiming.py``), building and starting (``startup.py``), stopping (``shutdown.py``).
+
 ``run_once()`` does one claim; ``run()`` loops until stopped, SIGTERM, ``burst`` drained or
 ``max_jobs`` reached, and returns the exit code: 0 after a graceful stop, 3 when the worker gave
 up (too many hung handler threads, a helper thread died) so that its supervisor restarts it.
@@ -26,21 +29,14 @@ import socket
 import threading
 import time
 
-from . import claiming, flow, signals, waiters
-from .acks import Acknowledger
+from . import claiming, signals, startup
 from .claim_timing import AGAIN, DRAINED, ClaimTiming
 from .conf import get_settings
-from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session, reset_connection
-from .execution import make_pool, retry_delay
-from .heartbeat import Heartbeat
+from .connections import DB_ERRORS, OTHER_DB_ERRORS, reset_connection
+from .execution import retry_delay
 from .inflight import Inflight
-from .maintenance import Maintenance
-from .notifications import Listener, Wakeup, parse_cancel, parse_named, parse_wakeup
-from .presence import Presence
-from .rollup import Rollup
-from .scheduler import Scheduler
+from .notifications import Wakeup, parse_cancel, parse_named, parse_wakeup
 from .shutdown import install_signal_handlers, shut_down
-from .sweeper import Sweeper
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -85,10 +81,7 @@ class Worker:
             poll_interval=self.poll_interval,
             burst=burst,
         )
-        # Fleet-wide limits (flow.py): None runs the plain claim. A limited claim says what held
-        # it back: a full concurrency limit (claim again when one of our jobs ends) or a rate
-        # window (claim again when it reopens, not at every poll).
-        self._set_flow(conf)
+        startup.set_flow(self, conf)  # fleet-wide limits (flow.py): self.flow
         self.max_jobs = max_jobs
         self.listen = conf.LISTEN if listen is None else listen
         self.worker_id = worker_id or make_worker_id()
@@ -115,85 +108,10 @@ class Worker:
         self.claims = 0  # claim statements run (the fleet benchmark counts claims per job)
         self.empty_claims = 0
         self.inflight = Inflight()
-        # The loop's own connection: prepared statements; claims, completions and heartbeats
-        # commit asynchronously with ASYNC_COMMIT (see connections.Session).
-        # It LISTENs too when this process listens for itself on the queue's database: the
-        # backend that delivers a notification then runs the claim (docs/performance.md).
-        listen_here = (
-            self.listen
-            and not burst
-            and waker is None
-            and (conf.LISTEN_DATABASE or self.using) == self.using
-        )
-        self.session = Session(
-            self.using,
-            prepare=conf.PREPARE,
-            listen=conf.NOTIFY_CHANNEL if listen_here else None,
-            on_notify=self._wakeup.set,
-            track_backend=True,  # a claim its lost connection left running is ended (_recover)
-        )
-        self.acks = Acknowledger(
-            worker_id=self.worker_id,
-            batch=conf.ACK_BATCH,
-            async_commit=self.async_commit,
-            unknown_type_delay=conf.UNKNOWN_TYPE_DELAY,
-            unknown_type_grace=conf.UNKNOWN_TYPE_GRACE,
-        )
-        self.acks.on_ready = self._on_ack
-        self.heartbeat = Heartbeat(self)
-        self.presence = Presence(self)  # its row in the worker registry
-        hung_limit = conf.HUNG_THREAD_LIMIT
-        self.pool = make_pool(
-            self,
-            self.execution,
-            self.concurrency,
-            hung_limit=self.concurrency if hung_limit is None else hung_limit,
-        )
-        # Whether this worker says, on its own connection, that it waits for wake-ups (so that
-        # enqueues send them only while some worker waits: waiters.py). Not when it is never
-        # woken, nor when its connection may be a pooled one (LISTEN_DATABASE names another
-        # alias): then its listener, on the direct connection, says it for as long as it runs.
-        self.waiting = waiters.Waiting(
-            self.session,
-            self.queues,
-            self._waiting_mode(conf)
-            if self.listen and not burst and (conf.LISTEN_DATABASE or self.using) == self.using
-            else None,
-            slots=waker is None,  # a group's listener picks whom to wake: its workers hold none
-        )
-        self.sweeper = Sweeper(self.using, conf=conf, db=self.session)
-        self.scheduler = Scheduler(self.using, conf=conf)
-        self.rollup = Rollup(self.using, conf=conf, db=self.session)  # the dashboard's minutes
-        self.maintenance = Maintenance(self)
         self.waker = waker  # a supervisor's wake-up pipe, instead of a listener of our own
         self.report_free = report_free  # tells that supervisor how many jobs we could take
         self.listener = None
-
-    def _set_flow(self, conf):
-        self.flow = flow.claim_params(conf, self.queues)
-        # The queues whose fleet-wide concurrency limit counts their running jobs: a run of
-        # theirs past its timeout stays `running` until its thread returns (heartbeat.py).
-        self._limited_queues = {
-            name for name in self.queues if flow.queue_limits(conf.QUEUES.get(name))[0] is not None
-        }
-        if self.flow is not None:
-            # A job claimed under a fleet-wide limit takes a slot of the whole fleet from its
-            # claim on: never claim one ahead of a free thread, where it would wait in our
-            # buffer while other workers' threads sit idle. Such a worker does not prefetch.
-            self.timing.no_prefetch()
-        waiting = getattr(self, "waiting", None)
-        if waiting is not None and waiting.mode is not None:
-            waiting.mode = self._waiting_mode(conf)
-
-    def _waiting_mode(self, conf):
-        """``"dynamic"``: wait for wake-ups only while the last claim came back short; a worker
-        whose claim came back full claims again by itself whenever a thread would go idle
-        (with a prefetch of at least its threads, half its slots free means a free thread).
-        ``"always"``: a worker without that prefetch (it claims for free threads only, under a
-        fleet-wide limit, or by its PREFETCH) wants every wake-up."""
-        if self.flow is not None or self.timing.prefetch < self.concurrency:
-            return "always"
-        return "dynamic"
+        startup.assemble(self, conf, waker=waker)  # its Session, pool, waiting, services
 
     # ---------------------------------------------------------------------------------------
     # The claim
@@ -379,27 +297,8 @@ class Worker:
     # The loop
     # ---------------------------------------------------------------------------------------
     def start(self):
-        """Start the handler pool and the listener."""
-        from .apps import DBQueueConfig
-
-        if DBQueueConfig._uses_tasks_backend():
-            from .tasks import discover_tasks
-
-            discover_tasks()  # import every app's tasks.py, so @task functions are known
-            self._set_flow(self.conf)
-        self.pool.start()
-        if self.waker is not None:
-            self.waker.start(self._on_notify, self.stopped, on_crash=self.fatal)
-        elif self.listen and not self.burst and self.session.listen is None:
-            self.listener = Listener(
-                self.conf.LISTEN_DATABASE or self.using,
-                self.conf.NOTIFY_CHANNEL,
-                self._on_notify,
-                self.stopped,
-                on_crash=self.fatal,
-                wait_queues=self.queues,
-            )
-            self.listener.start()
+        """Start the handler pool and the listener (startup.py)."""
+        startup.start(self)
 
     @property
     def listening(self):
