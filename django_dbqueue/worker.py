@@ -132,7 +132,7 @@ class Worker:
         self.timing.starved = value
 
     @property
-    def _claim_next(self):
+    def _claim_next(self):  # (these two: read by tests/integration/test_wakeup_slots.py)
         return self.timing.claim_next
 
     @property
