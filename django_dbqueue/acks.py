@@ -86,6 +86,37 @@ class Acknowledger:
             self.succeeded += 1
         self._signal(signals.job_succeeded, entry.ctx, duration=duration)
 
+    def settle(self, entry, outcome):
+        """Buffer a run's outcome (``execution.Outcome``), or discard it: its attempt was given
+        up (timed out, lost or released) and its end is already written."""
+        kind, duration = outcome.kind, outcome.duration
+        if kind == "committed":
+            self.committed(entry, duration=duration, cancelled_by=outcome.cancelled_by)
+        elif kind == "fenced":
+            self.fenced += 1
+            logger.warning(
+                "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, the lease "
+                "was lost and the job belongs to another attempt",
+                entry.ctx.id,
+                entry.ctx.name,
+                entry.ctx.attempt,
+            )
+        elif entry.given_up:
+            return  # timed out, lost or released: that attempt's end is already written
+        elif kind == "success":
+            self.succeed(entry, outcome.result, duration=duration)
+        elif kind == "cancelled":
+            self.cancel(entry, duration=duration)
+        else:
+            self.fail(
+                entry,
+                outcome.error,
+                delay=outcome.delay,
+                dead=kind == "dead",
+                unknown_type=kind == "unknown",
+                duration=duration,
+            )
+
     # -- called by the claim loop --------------------------------------------------------------
     def pending(self):
         with self._lock:

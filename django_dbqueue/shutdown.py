@@ -9,6 +9,8 @@ After ``burst`` or ``max_jobs`` everything claimed is let finish; after a signal
 """
 
 import logging
+import os
+import signal
 import time
 
 from django.db import connections
@@ -148,3 +150,29 @@ def shut_down(w):
         w.claims,
         w.empty_claims,
     )
+
+
+def install_signal_handlers(w):
+    """SIGTERM and SIGINT ask ``w`` to stop gracefully (``Worker.stop`` from the loop's thread);
+    a second signal exits at once."""
+
+    def handle(signum, frame):
+        w._signals += 1
+        if w._signals > 1:
+            logger.warning("dbqueue worker %s: second signal, exiting at once", w.worker_id)
+            os._exit(1)
+        logger.warning(
+            "dbqueue worker %s: %s received, finishing running jobs (grace %gs)",
+            w.worker_id,
+            signal.Signals(signum).name,
+            w.conf.SHUTDOWN_GRACE,
+        )
+        # Plain attributes and the lock-free wake-up flag only: the handler runs on the
+        # loop's thread, which may hold a lock of threading.Event's at this instant. The
+        # loop turns the request into ``stopping`` (_stop_requested).
+        w._releasing = True
+        w._stop_signalled = True
+        w._wakeup.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)

@@ -14,6 +14,9 @@ connection of its own only where ``LISTEN_DATABASE`` names another database); un
 Dedicated connections per worker process: the Session; plus the listener's only when
 ``LISTEN_DATABASE`` sends the LISTEN to another database.
 
+The parts, one module each: when to claim and how much (``claim_timing.py``, pure), one claim
+(``claiming.py``), building and starting (``startup.py``), stopping (``shutdown.py``).
+
 ``run_once()`` does one claim; ``run()`` loops until stopped, SIGTERM, ``burst`` drained or
 ``max_jobs`` reached, and returns the exit code: 0 after a graceful stop, 3 when the worker gave
 up (too many hung handler threads, a helper thread died) so that its supervisor restarts it.
@@ -21,29 +24,19 @@ up (too many hung handler threads, a helper thread died) so that its supervisor 
 
 import logging
 import os
-import random
 import secrets
-import signal
 import socket
 import threading
 import time
 
-from . import flow, registry, signals, store, waiters
-from .acks import Acknowledger
+from . import claiming, signals, startup
+from .claim_timing import AGAIN, DRAINED, ClaimTiming
 from .conf import get_settings
-from .connections import DB_ERRORS, OTHER_DB_ERRORS, Session, reset_connection
-from .context import JobContext
+from .connections import DB_ERRORS, OTHER_DB_ERRORS, reset_connection
 from .execution import retry_delay
-from .heartbeat import Heartbeat
-from .inflight import Entry, Inflight
-from .maintenance import Maintenance
-from .notifications import Listener, Wakeup, parse_cancel, parse_named, parse_wakeup
-from .pools import make_pool
-from .presence import Presence
-from .rollup import Rollup
-from .scheduler import Scheduler
-from .shutdown import shut_down
-from .sweeper import Sweeper
+from .inflight import Inflight
+from .notifications import Wakeup, parse_cancel, parse_named, parse_wakeup
+from .shutdown import install_signal_handlers, shut_down
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -79,20 +72,16 @@ class Worker:
         self.using = using or conf.DATABASE
         self.queues = list(queues or conf.QUEUES)
         self.concurrency = concurrency or conf.CONCURRENCY
-        # Jobs claimed ahead of free threads. Fixed when PREFETCH is set; otherwise adaptive:
-        # it starts at the concurrency, doubles (up to 4x) while a deep backlog keeps the
-        # threads waiting on the next claim, and falls back as soon as a claim comes back short,
-        # so slow jobs are never hoarded while other workers sit idle.
-        self.adaptive_prefetch = conf.PREFETCH is None
-        self.prefetch = self.concurrency if conf.PREFETCH is None else conf.PREFETCH
-        self.prefetch_max = 4 * self.concurrency if conf.PREFETCH is None else conf.PREFETCH
-        # Fleet-wide limits (flow.py): None runs the plain claim. A limited claim says what held
-        # it back: a full concurrency limit (claim again when one of our jobs ends) or a rate
-        # window (claim again when it reopens, not at every poll).
-        self._set_flow(conf)
-        self._starved = 0  # times a handler thread found no job waiting
         self.poll_interval = conf.POLL_INTERVAL if poll_interval is None else poll_interval
         self.burst = burst
+        # When to claim and how much (claim_timing.py): the prefetch, what made a claim due.
+        self.timing = ClaimTiming(
+            concurrency=self.concurrency,
+            prefetch=conf.PREFETCH,
+            poll_interval=self.poll_interval,
+            burst=burst,
+        )
+        startup.set_flow(self, conf)  # fleet-wide limits (flow.py): self.flow
         self.max_jobs = max_jobs
         self.listen = conf.LISTEN if listen is None else listen
         self.worker_id = worker_id or make_worker_id()
@@ -100,24 +89,16 @@ class Worker:
         self.out = out or logger.info
         self.execution = execution or conf.EXECUTION
         self.queue_caps = [
-            (conf.QUEUES.get(name) or {}).get("concurrency") or self.concurrency + self.prefetch_max
+            (conf.QUEUES.get(name) or {}).get("concurrency")
+            or self.concurrency + self.timing.prefetch_max
             for name in self.queues
         ]
         self.async_commit = conf.ASYNC_COMMIT
-        self._held = False
-        self._reopen_at = None
         self.stopping = threading.Event()  # no more claims
         self.stopped = threading.Event()  # helper threads may exit
         self._wakeup = Wakeup()
         self._readable = False  # the session's socket woke the loop: notifications to read
         self._acks_ready = threading.Event()
-        self._want_capacity = False
-        self._claim_next = True  # claim at once: at start, after a notification, when capacity
-        self._keyed_due = False  # ... and at once when keyed jobs ended (Worker.finished)
-        self._keyed_ended = False  # a keyed job ended since the last claim
-        self._cut = False  # the last claim left keyed jobs out for want of free threads
-        self._missed = False  # a wake-up for us came while every thread was busy: claim later
-        self._next_poll = 0.0  # ... or at the latest at the poll
         self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
         self._signals = 0
         self._stop_signalled = False  # a signal asked to stop (see install_signal_handlers)
@@ -127,205 +108,42 @@ class Worker:
         self.claims = 0  # claim statements run (the fleet benchmark counts claims per job)
         self.empty_claims = 0
         self.inflight = Inflight()
-        # The loop's own connection: prepared statements; claims, completions and heartbeats
-        # commit asynchronously with ASYNC_COMMIT (see connections.Session).
-        # It LISTENs too when this process listens for itself on the queue's database: the
-        # backend that delivers a notification then runs the claim (docs/performance.md).
-        listen_here = (
-            self.listen
-            and not burst
-            and waker is None
-            and (conf.LISTEN_DATABASE or self.using) == self.using
-        )
-        self.session = Session(
-            self.using,
-            prepare=conf.PREPARE,
-            listen=conf.NOTIFY_CHANNEL if listen_here else None,
-            on_notify=self._wakeup.set,
-            track_backend=True,  # a claim its lost connection left running is ended (_recover)
-        )
-        self.acks = Acknowledger(
-            worker_id=self.worker_id,
-            batch=conf.ACK_BATCH,
-            async_commit=self.async_commit,
-            unknown_type_delay=conf.UNKNOWN_TYPE_DELAY,
-            unknown_type_grace=conf.UNKNOWN_TYPE_GRACE,
-        )
-        self.acks.on_ready = self._on_ack
-        self.heartbeat = Heartbeat(self)
-        self.presence = Presence(self)  # its row in the worker registry
-        hung_limit = conf.HUNG_THREAD_LIMIT
-        self.pool = make_pool(
-            self,
-            self.execution,
-            self.concurrency,
-            hung_limit=self.concurrency if hung_limit is None else hung_limit,
-        )
-        # Whether this worker says, on its own connection, that it waits for wake-ups (so that
-        # enqueues send them only while some worker waits: waiters.py). Not when it is never
-        # woken, nor when its connection may be a pooled one (LISTEN_DATABASE names another
-        # alias): then its listener, on the direct connection, says it for as long as it runs.
-        self.waiting = waiters.Waiting(
-            self.session,
-            self.queues,
-            self._waiting_mode(conf)
-            if self.listen and not burst and (conf.LISTEN_DATABASE or self.using) == self.using
-            else None,
-            slots=waker is None,  # a group's listener picks whom to wake: its workers hold none
-        )
-        self.sweeper = Sweeper(self.using, conf=conf, db=self.session)
-        self.scheduler = Scheduler(self.using, conf=conf)
-        self.rollup = Rollup(self.using, conf=conf, db=self.session)  # the dashboard's minutes
-        self.maintenance = Maintenance(self)
         self.waker = waker  # a supervisor's wake-up pipe, instead of a listener of our own
         self.report_free = report_free  # tells that supervisor how many jobs we could take
         self.listener = None
-
-    def _set_flow(self, conf):
-        self.flow = flow.claim_params(conf, self.queues)
-        # The queues whose fleet-wide concurrency limit counts their running jobs: a run of
-        # theirs past its timeout stays `running` until its thread returns (heartbeat.py).
-        self._limited_queues = {
-            name for name in self.queues if flow.queue_limits(conf.QUEUES.get(name))[0] is not None
-        }
-        if self.flow is not None:
-            # A job claimed under a fleet-wide limit takes a slot of the whole fleet from its
-            # claim on: never claim one ahead of a free thread, where it would wait in our
-            # buffer while other workers' threads sit idle. Such a worker does not prefetch.
-            self.adaptive_prefetch = False
-            self.prefetch = self.prefetch_max = 0
-        waiting = getattr(self, "waiting", None)
-        if waiting is not None and waiting.mode is not None:
-            waiting.mode = self._waiting_mode(conf)
-
-    def _waiting_mode(self, conf):
-        """``"dynamic"``: wait for wake-ups only while the last claim came back short; a worker
-        whose claim came back full claims again by itself whenever a thread would go idle
-        (with a prefetch of at least its threads, half its slots free means a free thread).
-        ``"always"``: a worker without that prefetch (it claims for free threads only, under a
-        fleet-wide limit, or by its PREFETCH) wants every wake-up."""
-        if self.flow is not None or self.prefetch < self.concurrency:
-            return "always"
-        return "dynamic"
+        startup.assemble(self, conf, waker=waker)  # its Session, pool, waiting, services
 
     # ---------------------------------------------------------------------------------------
     # The claim
     # ---------------------------------------------------------------------------------------
     def free_slots(self):
-        return self.concurrency + self.prefetch - self.inflight.occupied()
+        return self.timing.free(self.inflight.occupied())
 
     @property
-    def _min_batch(self):
-        return max(1, (self.concurrency + self.prefetch) // 2)
+    def prefetch(self):
+        return self.timing.prefetch
 
-    def _adapt_prefetch(self, claimed, asked):
-        if not self.adaptive_prefetch or not asked:
-            return
-        if claimed < asked:
-            self.prefetch = self.concurrency  # the backlog is gone: hold no more than needed
-        elif self._starved:
-            self.prefetch = min(self.prefetch_max, self.prefetch * 2)
-        self._starved = 0
+    @property
+    def _starved(self):  # counted by the handler pool (execution.py)
+        return self.timing.starved
 
-    def _timeout_of(self, job_type):
-        if job_type is None or not job_type.timeout:
-            return None
-        if job_type.is_async:
-            # The coroutine is cancelled at its timeout; the watchdog steps in only when its
-            # event loop is blocked and cancelling cannot work.
-            return job_type.timeout + max(1.0, 0.1 * job_type.timeout)
-        return job_type.timeout
+    @_starved.setter
+    def _starved(self, value):
+        self.timing.starved = value
+
+    @property
+    def _claim_next(self):  # (these two: read by tests/integration/test_wakeup_slots.py)
+        return self.timing.claim_next
+
+    @property
+    def _missed(self):
+        return self.timing.missed
 
     def run_once(self, done=None):
-        """Claim what fits into the free slots and hand it to the handler pool.
-
-        ``done``: successes taken from the acknowledgement buffer (``acks.take_done()``),
-        written in the same round trip as the claim (two statements, one pipeline): a busy
-        worker pays one round trip per batch, not two. Returns ``(claimed, asked)``.
-        """
-        occupied = self.inflight.occupied()
-        asked = self.concurrency + self.prefetch - occupied
-        if self.max_jobs is not None:
-            asked = min(asked, self.max_jobs - self.claimed_total)
-        if asked <= 0 or self._stop_requested():
-            if done:
-                self._write_done(done)
-            return 0, 0
-        running = self.inflight.by_queue()
-        limits = [
-            max(0, min(asked, cap - running.get(name, 0)))
-            for name, cap in zip(self.queues, self.queue_caps, strict=True)
-        ]
-        threads = max(0, self.concurrency - occupied)
-        token = store.new_token()
-        claim = store.claim_statement(
-            worker_id=self.worker_id,
-            queues=self.queues,
-            limits=limits,
-            limit=asked,
-            token=token,
-            async_commit=self.async_commit,
-            flow=self.flow,
-            # A job with a serial key holds its key from its claim on: only for a free thread.
-            threads=threads,
-        )
-        if done:
-            try:
-                completed, claimed = self.session.execute_pipelined(
-                    [self.acks.done_statement(done), claim]
-                )
-            except DB_ERRORS:
-                self.acks.restore_done(done)
-                raise
-            except OTHER_DB_ERRORS:
-                # Not the connection: let the acknowledger narrow it down to the refused write.
-                self.session.reset()
-                self._write_done(done)
-                claimed = self.session.execute(*claim)
-            else:
-                self.acks.report_done(self.session, done, store.completed_endings(completed))
-        else:
-            claimed = self.session.execute(*claim)
-        rows = store.claimed_rows(claimed)
-        self._held = rows.held
-        self._reopen_at = None
-        if rows.reopen_in is not None:
-            # A little jitter, so that the fleet's workers do not all come at the same instant.
-            self._reopen_at = time.monotonic() + rows.reopen_in + random.uniform(0.0, 0.02)
-        self.claims += 1
-        if not rows:
-            self.empty_claims += 1
-        # A short batch may not mean an empty queue: the plain claim leaves out the keyed jobs
-        # beyond the free threads (all of them when none is free). When it may have, claim
-        # again as capacity frees up rather than wait for a notification.
-        self._cut = (
-            self.flow is None and len(rows) < asked and (threads == 0 or rows.keyed >= threads)
-        )
-        self._adapt_prefetch(asked if self._cut else len(rows), asked)
-        self.claimed_total += len(rows)
-        entries = [self._entry(row, token) for row in rows]
-        if rows.keyed:
-            # A keyed job was claimed for a free thread: it goes first (a stable sort keeps the
-            # claim's order otherwise), not behind the prefetched ones.
-            entries.sort(key=lambda entry: not entry.keyed)
-        self.inflight.add(entries)
-        self.pool.submit(entries)
-        if rows and logger.isEnabledFor(logging.DEBUG):
-            logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
-        return len(rows), asked
-
-    def _entry(self, row, token):
-        job_type = registry.get(row.type)
-        return Entry(
-            JobContext(row, worker_id=self.worker_id, using=self.using),
-            token,
-            self._timeout_of(job_type),
-            keyed=row.keyed,
-            # Its run must never overlap another that the same limit or key counts.
-            exclusive=row.keyed
-            or row.queue in self._limited_queues
-            or (job_type is not None and job_type.global_concurrency is not None),
-        )
+        """Claim what fits into the free slots and hand it to the handler pool; ``done``, the
+        successes taken from the acknowledgement buffer, ride on the claim (claiming.py).
+        Returns ``(claimed, asked)``."""
+        return claiming.claim(self, done)
 
     # ---------------------------------------------------------------------------------------
     # Called by the handler pool
@@ -348,33 +166,7 @@ class Worker:
 
     def settle(self, entry, outcome):
         """Hand a run's outcome to the acknowledgement buffer (or discard it: given up)."""
-        kind, duration = outcome.kind, outcome.duration
-        if kind == "committed":
-            self.acks.committed(entry, duration=duration, cancelled_by=outcome.cancelled_by)
-        elif kind == "fenced":
-            self.acks.fenced += 1
-            logger.warning(
-                "dbqueue fenced job=%s type=%s attempt=%s: atomic handler rolled back, the lease "
-                "was lost and the job belongs to another attempt",
-                entry.ctx.id,
-                entry.ctx.name,
-                entry.ctx.attempt,
-            )
-        elif entry.given_up:
-            return  # timed out, lost or released: that attempt's end is already written
-        elif kind == "success":
-            self.acks.succeed(entry, outcome.result, duration=duration)
-        elif kind == "cancelled":
-            self.acks.cancel(entry, duration=duration)
-        else:
-            self.acks.fail(
-                entry,
-                outcome.error,
-                delay=outcome.delay,
-                dead=kind == "dead",
-                unknown_type=kind == "unknown",
-                duration=duration,
-            )
+        self.acks.settle(entry, outcome)
 
     def finished(self, entry):
         """The pool is done with ``entry``: its handler returned (or its child process is dead),
@@ -386,30 +178,10 @@ class Worker:
             error, delay = failure
             self.acks.fail(entry, error, delay=delay, duration=time.monotonic() - entry.started)
         occupied = self.inflight.remove(entry)
-        free = self.concurrency + self.prefetch - occupied
-        # Claim again when a backlog left the slots full and a real batch fits again (or, in a
-        # burst run, when the worker went idle: it ends on an empty claim). Waking on every
-        # finish would claim one job at a time; after a claim that came back short, the queue
-        # was empty then and a new job announces itself.
-        # Its serial key's next job may be claimable now, and no notification says so. Keyed jobs
-        # are claimed for free threads only: claim when half of them are free (a batch, not a
-        # round trip per job) or nothing is left, without waiting for more completions.
-        self._keyed_ended = self._keyed_ended or entry.keyed  # until the next claim
-        keyed_due = self._keyed_ended and (
-            not occupied or self.concurrency - occupied >= (self.concurrency + 1) // 2
-        )
-        missed = self._missed and occupied < self.concurrency
-        if missed:
-            self._missed = False
-        if (
-            missed  # a wake-up came while every thread was busy: claim for it now
-            or (self._want_capacity and free >= self._min_batch)
-            or (self.burst and not occupied)
-            or self._held  # a fleet-wide limit was full: this job's slot may be ours again
-            or keyed_due
-        ):
-            self._keyed_due = self._keyed_due or keyed_due
-            self._claim_next = True
+        # Claim again when a backlog left the slots full and a real batch fits again, a kept
+        # wake-up has a thread now, a limit may have room, a serial key's next job may be
+        # claimable, or a burst run went idle (claim_timing.py).
+        if self.timing.finished(keyed=entry.keyed, occupied=occupied):
             # Also ends _batch_acks' wait for more completions: the claim they ride on is due
             # now, not at the end of ACK_INTERVAL (handlers that wait on I/O let the loop reach
             # that wait while slots are still busy).
@@ -429,12 +201,7 @@ class Worker:
             self.waiting.sync_slots(free_thread)
         if (retry := self.waiting.next_try()) is not None:
             # A failed take or give let go of WAITING too: say it again soon, not at the poll.
-            self._next_poll = min(self._next_poll, retry)
-
-    def _write_done(self, done):
-        """Write ``done`` on its own (the acknowledger's usual path, with its retries)."""
-        self.acks.restore_done(done)
-        self.acks.flush_once(self.session)
+            self.timing.poll_by(retry)
 
     def retry_delay(self, job_type, attempt):
         return retry_delay(job_type, attempt, self.conf)
@@ -472,7 +239,7 @@ class Worker:
         if self.stopping.is_set():
             return  # no more claims: a wake-up only matters to a cancel, handled above
         if payload is None:
-            self._claim_next = True
+            self.timing.wake()
             self._wakeup.set()
             return
         queue = parse_wakeup(payload)[0]
@@ -485,13 +252,9 @@ class Worker:
             # Ours, but every thread is busy: claiming now would hold the job in our buffer
             # while idle workers sleep. Claim when a thread frees (finished); look again in
             # case one did just now, before finished() could see the flag.
-            self._missed = True
-            if self.inflight.occupied() >= self.concurrency:
-                return
-            self._missed = False
-            act = True
+            act = self.timing.keep_wakeup(self.inflight.occupied)
         if act:
-            self._claim_next = True
+            self.timing.wake()
             self._wakeup.set()
 
     def fatal(self, reason):
@@ -502,26 +265,8 @@ class Worker:
         self.stop()
 
     def install_signal_handlers(self):
-        def handle(signum, frame):
-            self._signals += 1
-            if self._signals > 1:
-                logger.warning("dbqueue worker %s: second signal, exiting at once", self.worker_id)
-                os._exit(1)
-            logger.warning(
-                "dbqueue worker %s: %s received, finishing running jobs (grace %gs)",
-                self.worker_id,
-                signal.Signals(signum).name,
-                self.conf.SHUTDOWN_GRACE,
-            )
-            # Plain attributes and the lock-free wake-up flag only: the handler runs on the
-            # loop's thread, which may hold a lock of threading.Event's at this instant. The
-            # loop turns the request into ``stopping`` (_stop_requested).
-            self._releasing = True
-            self._stop_signalled = True
-            self._wakeup.set()
-
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+        """SIGTERM and SIGINT stop gracefully; a second one exits at once (shutdown.py)."""
+        install_signal_handlers(self)
 
     def stop(self):
         """Ask the loop to stop claiming and shut down gracefully. Safe from any thread (but not
@@ -552,27 +297,8 @@ class Worker:
     # The loop
     # ---------------------------------------------------------------------------------------
     def start(self):
-        """Start the handler pool and the listener."""
-        from .apps import DBQueueConfig
-
-        if DBQueueConfig._uses_tasks_backend():
-            from .tasks import discover_tasks
-
-            discover_tasks()  # import every app's tasks.py, so @task functions are known
-            self._set_flow(self.conf)
-        self.pool.start()
-        if self.waker is not None:
-            self.waker.start(self._on_notify, self.stopped, on_crash=self.fatal)
-        elif self.listen and not self.burst and self.session.listen is None:
-            self.listener = Listener(
-                self.conf.LISTEN_DATABASE or self.using,
-                self.conf.NOTIFY_CHANNEL,
-                self._on_notify,
-                self.stopped,
-                on_crash=self.fatal,
-                wait_queues=self.queues,
-            )
-            self.listener.start()
+        """Start the handler pool and the listener (startup.py)."""
+        startup.start(self)
 
     @property
     def listening(self):
@@ -618,7 +344,7 @@ class Worker:
                 self.maintenance.run_due()
                 # Claim only when there may be work: a notification, capacity wanted for a
                 # backlog, the poll. A wake-up to write outcomes or renew leases claims nothing.
-                claim_now = self._claim_next or time.monotonic() >= self._next_poll
+                claim_now = self.timing.due(time.monotonic())
                 # Successes go out with the claim when there is one (one round trip for both);
                 # failures (durable, one statement each), and successes with no claim to ride
                 # on, on their own.
@@ -627,9 +353,7 @@ class Worker:
                     # claim that follows (it may wait on the database: before the completions
                     # are taken, which a lost connection would otherwise lose).
                     self.waiting.before_claim()
-                    # Before the completions are taken: a keyed job ending after this line
-                    # marks the next claim as due again.
-                    self._keyed_ended = False
+                    self.timing.before_claim()  # before the completions are taken
                 done = self.acks.take_done() if claim_now else None
                 try:
                     self.acks.flush_once(self.session)
@@ -639,27 +363,25 @@ class Worker:
                     raise
                 if self.acks.next_retry is not None:
                     # A job this worker just failed comes due again: look then, not at the poll.
-                    self._next_poll = min(self._next_poll, self.acks.next_retry)
+                    self.timing.poll_by(self.acks.next_retry)
                     self.acks.next_retry = None
                 if claim_now:
-                    self._claim_next = self._keyed_due = False
+                    self.timing.claiming()
                     claimed, asked = self.run_once(done)
-                    self._want_capacity = asked == 0 or claimed == asked or self._cut
+                    full = self.timing.after_claim(claimed, asked)
                     # A full claim: we claim again by ourselves, so stop waiting. A short one:
                     # wait for wake-ups, and claim again once we say so (waiters.py: this claim
                     # may have missed jobs whose enqueues found nobody waiting): next_try().
-                    self.waiting.after_claim(full=self._want_capacity)
-                    self._next_poll = time.monotonic() + self.poll_interval
-                    if self._reopen_at is not None:
-                        self._next_poll = min(self._next_poll, self._reopen_at)
+                    self.waiting.after_claim(full=full)
+                    self.timing.poll_from(time.monotonic())
                     if (retry := self.waiting.next_try()) is not None:
-                        self._next_poll = min(self._next_poll, retry)
+                        self.timing.poll_by(retry)
                 # Hold the wake-up slots while waiting with a free thread, and only then
                 # (waiters.py): given back as the claim took the last free one, taken again
                 # when a handler frees one (finished wakes the loop for it). The wake-ups that
                 # came during the claim are read first, while the slots they may name are
                 # still this worker's: one that names it now that every thread is busy is
-                # claimed when a thread frees (_missed), not dropped as another worker's.
+                # claimed when a thread frees (timing.missed), not dropped as another worker's.
                 self._take_notifies()
                 self._sync_slots()
                 errors = 0
@@ -688,35 +410,19 @@ class Worker:
             if claimed is not None:
                 if self.max_jobs is not None and self.claimed_total >= self.max_jobs:
                     break
-                # A burst run ends when a claim that asked for work found none, nothing is in
-                # flight and every outcome is written. (A claim that asked for nothing, because
-                # every slot was busy, proves nothing about the queue; nor does one that a
-                # fleet-wide limit held back: it waits for its poll or the window.)
-                if (
-                    self.burst
-                    and asked
-                    and claimed == 0
-                    and not self.inflight.occupied()
-                    and not self._held
-                    and self._reopen_at is None
-                ):
-                    if not self.acks.pending():
-                        break
-                    self._claim_next = True
+                then = self.timing.after_result(
+                    time.monotonic(),
+                    claimed=claimed,
+                    asked=asked,
+                    occupied=self.inflight.occupied(),
+                    acks_pending=self.acks.pending(),
+                )
+                if then == DRAINED:
+                    break
+                if then == AGAIN:
                     continue
-                # (A batch that keyed jobs cut short means a backlog too, as _want_capacity
-                # says; claiming again at once would only meet the same keys, so wait for
-                # capacity like a full one.)
-                if asked and claimed == asked:
-                    self._claim_next = True
-                    continue  # there may be more: claim again at once
-                if self._want_capacity:
-                    # Full: claim again when a real batch fits (a finishing handler says so),
-                    # or in half a second whatever fits then.
-                    self._next_poll = min(self._next_poll, time.monotonic() + 0.5)
-            free = self.free_slots()
             if self.report_free is not None:
-                self.report_free(free if not self._want_capacity or free >= self._min_batch else 0)
+                self.report_free(self.timing.reportable_free(self.free_slots()))
             self._sleep(self._idle_wait())
 
     def _sleep(self, timeout):
@@ -732,25 +438,21 @@ class Worker:
         now = time.monotonic()
         if self.acks.pending():
             return self.conf.ACK_INTERVAL
-        return max(0.0, min(self._next_poll, self.maintenance.deadline()) - now)
+        return max(0.0, min(self.timing.next_poll, self.maintenance.deadline()) - now)
 
     def _batch_acks(self):
         """Let a few completions gather into one statement, unless the slots want a claim.
 
         The wait ends early on ``_acks_ready``: a full buffer, a claim that came due (finished,
-        which sets ``_claim_next`` first, whatever made it due), a stop. It is cleared before the
+        which makes the claim due first, whatever made it due), a stop. It is cleared before the
         conditions are read, so that what sets it after they were read still ends the wait, and
         what changed before is seen by them. (A stop by signal sets neither: the wait then runs
         out, ACK_INTERVAL at most.)"""
         self._acks_ready.clear()
         if not self.acks.pending() or self.acks.full() or self._stop_requested():
             return
-        free = self.free_slots()
-        if (self._claim_next and free) or self._keyed_due:
+        if self.timing.due_for_acks(self.free_slots()):
             return  # a claim is due: the completions go with it
-        if free >= self._min_batch and self._want_capacity:
-            self._claim_next = True  # due, though no finish said so since the last claim
-            return
         self._acks_ready.wait(self.conf.ACK_INTERVAL)
 
     def _lost_connection(self):
@@ -758,31 +460,8 @@ class Worker:
         self.waiting.reset()  # its locks went with the connection
         reset_connection(self.using)
         self._reconnected = True
-        self._claim_next = True  # notifications may have been missed meanwhile
+        self.timing.wake()  # notifications may have been missed meanwhile
 
     def _recover(self):
-        """After a lost connection: hand back jobs this worker holds but never heard of (a claim
-        that committed while its reply was lost). First the lost connection's backend is ended
-        and seen gone, so that a claim it was still running has committed or rolled back: one
-        that commits after the release looked would hold its jobs until their lease runs out.
-        Returns the ids released, or None when that backend is not gone yet (tried again on the
-        next pass)."""
-        if not self.session.end_lost_backends():
-            logger.warning(
-                "dbqueue worker %s: its lost database session has not ended yet; releasing the "
-                "jobs it may have claimed later",
-                self.worker_id,
-            )
-            return None
-        known = self.inflight.tokens() | {token for _, token in self.acks.pending_keys()}
-        released = store.release_unknown(self.session, worker=self.worker_id, known=known)
-        self._reconnected = False
-        if released:
-            logger.warning(
-                "dbqueue worker %s released %d jobs it held without knowing (a claim whose "
-                "reply was lost with the connection): %s",
-                self.worker_id,
-                len(released),
-                sorted(released),
-            )
-        return released
+        """After a lost connection: release what a lost claim took (claiming.recover)."""
+        return claiming.recover(self)

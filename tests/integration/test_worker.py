@@ -441,28 +441,14 @@ def test_a_database_error_in_the_claim_loop_is_logged_not_fatal(start_worker, ca
     wait_state(job.id, "done", timeout=30)
 
 
-def test_adaptive_prefetch_grows_while_threads_starve_and_falls_back(fast_settings):
+def test_the_worker_reads_its_prefetch_from_the_settings(fast_settings):
+    # The adaptation itself: tests/unit/test_claim_timing.py.
     worker = Worker(concurrency=4)
-    assert (worker.prefetch, worker.prefetch_max) == (4, 16)
-    worker._starved = 3  # handler threads waited on an empty local queue
-    worker._adapt_prefetch(8, 8)  # and the claim came back full: a deep backlog
-    assert worker.prefetch == 8
-    worker._adapt_prefetch(12, 12)  # full again, but nobody starved: stay
-    assert worker.prefetch == 8
-    for _ in range(5):
-        worker._starved = 1
-        worker._adapt_prefetch(20, 20)
-    assert worker.prefetch == 16  # capped at 4x the concurrency
-    worker._adapt_prefetch(3, 20)  # the backlog is gone
-    assert worker.prefetch == 4
-
-
-def test_fixed_prefetch_setting_is_not_adapted(fast_settings):
+    assert (worker.prefetch, worker.timing.prefetch_max) == (4, 16)
     fast_settings.DBQUEUE = {**fast_settings.DBQUEUE, "PREFETCH": 1}
     worker = Worker(concurrency=4)
-    worker._starved = 5
-    worker._adapt_prefetch(5, 5)
-    assert worker.prefetch == worker.prefetch_max == 1
+    assert worker.prefetch == worker.timing.prefetch_max == 1
+    assert not worker.timing.adaptive
 
 
 def test_a_claim_that_comes_due_ends_the_wait_for_more_completions(start_worker, fast_settings):
@@ -508,7 +494,7 @@ def test_a_stop_ends_the_wait_for_more_completions(fast_settings):
     # A success buffered and no claim due: the loop would wait the interval for more.
     ctx = JobContext(row, worker_id=worker.worker_id, using="default")
     worker.acks.succeed(Entry(ctx, token, None))
-    worker._want_capacity = worker._claim_next = False
+    worker.timing.want_capacity = worker.timing.claim_next = False
     entered, wait = threading.Event(), worker._acks_ready.wait
 
     def entering_wait(timeout=None):

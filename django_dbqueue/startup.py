@@ -1,0 +1,125 @@
+"""Building a worker's parts and starting its threads (the mirror of shutdown.py).
+
+``assemble`` gives a ``Worker`` (``w``) its Session, acknowledger, heartbeat, presence, handler
+pool, wake-up waiting and maintenance services; ``set_flow`` its fleet-wide limits (again at
+``start``, once the tasks backend's @task functions are known); ``start`` starts the handler
+pool and the listener (or the supervisor's wake-up pipe).
+"""
+
+from . import flow, waiters
+from .acks import Acknowledger
+from .connections import Session
+from .heartbeat import Heartbeat
+from .maintenance import Maintenance
+from .notifications import Listener
+from .pools import make_pool
+from .presence import Presence
+from .rollup import Rollup
+from .scheduler import Scheduler
+from .sweeper import Sweeper
+
+
+def assemble(w, conf, *, waker):
+    """Build ``w``'s parts (from its settings, read by ``Worker.__init__``)."""
+    # The loop's own connection: prepared statements; claims, completions and heartbeats
+    # commit asynchronously with ASYNC_COMMIT (see connections.Session).
+    # It LISTENs too when this process listens for itself on the queue's database: the
+    # backend that delivers a notification then runs the claim (docs/performance.md).
+    listen_here = (
+        w.listen and not w.burst and waker is None and (conf.LISTEN_DATABASE or w.using) == w.using
+    )
+    w.session = Session(
+        w.using,
+        prepare=conf.PREPARE,
+        listen=conf.NOTIFY_CHANNEL if listen_here else None,
+        on_notify=w._wakeup.set,
+        track_backend=True,  # a claim its lost connection left running is ended (_recover)
+    )
+    w.acks = Acknowledger(
+        worker_id=w.worker_id,
+        batch=conf.ACK_BATCH,
+        async_commit=w.async_commit,
+        unknown_type_delay=conf.UNKNOWN_TYPE_DELAY,
+        unknown_type_grace=conf.UNKNOWN_TYPE_GRACE,
+    )
+    w.acks.on_ready = w._on_ack
+    w.heartbeat = Heartbeat(w)
+    w.presence = Presence(w)  # its row in the worker registry
+    hung_limit = conf.HUNG_THREAD_LIMIT
+    w.pool = make_pool(
+        w,
+        w.execution,
+        w.concurrency,
+        hung_limit=w.concurrency if hung_limit is None else hung_limit,
+    )
+    # Whether this worker says, on its own connection, that it waits for wake-ups (so that
+    # enqueues send them only while some worker waits: waiters.py). Not when it is never
+    # woken, nor when its connection may be a pooled one (LISTEN_DATABASE names another
+    # alias): then its listener, on the direct connection, says it for as long as it runs.
+    w.waiting = waiters.Waiting(
+        w.session,
+        w.queues,
+        waiting_mode(w)
+        if w.listen and not w.burst and (conf.LISTEN_DATABASE or w.using) == w.using
+        else None,
+        slots=waker is None,  # a group's listener picks whom to wake: its workers hold none
+    )
+    w.sweeper = Sweeper(w.using, conf=conf, db=w.session)
+    w.scheduler = Scheduler(w.using, conf=conf)
+    w.rollup = Rollup(w.using, conf=conf, db=w.session)  # the dashboard's minutes
+    w.maintenance = Maintenance(w)
+
+
+def set_flow(w, conf):
+    """Fleet-wide limits (flow.py): ``w.flow`` None runs the plain claim. A limited claim says
+    what held it back: a full concurrency limit (claim again when one of our jobs ends) or a
+    rate window (claim again when it reopens, not at every poll)."""
+    w.flow = flow.claim_params(conf, w.queues)
+    # The queues whose fleet-wide concurrency limit counts their running jobs: a run of
+    # theirs past its timeout stays `running` until its thread returns (heartbeat.py).
+    w._limited_queues = {
+        name for name in w.queues if flow.queue_limits(conf.QUEUES.get(name))[0] is not None
+    }
+    if w.flow is not None:
+        # A job claimed under a fleet-wide limit takes a slot of the whole fleet from its
+        # claim on: never claim one ahead of a free thread, where it would wait in our
+        # buffer while other workers' threads sit idle. Such a worker does not prefetch.
+        w.timing.no_prefetch()
+    waiting = getattr(w, "waiting", None)
+    if waiting is not None and waiting.mode is not None:
+        waiting.mode = waiting_mode(w)
+
+
+def waiting_mode(w):
+    """``"dynamic"``: wait for wake-ups only while the last claim came back short; a worker
+    whose claim came back full claims again by itself whenever a thread would go idle
+    (with a prefetch of at least its threads, half its slots free means a free thread).
+    ``"always"``: a worker without that prefetch (it claims for free threads only, under a
+    fleet-wide limit, or by its PREFETCH) wants every wake-up."""
+    if w.flow is not None or w.timing.prefetch < w.concurrency:
+        return "always"
+    return "dynamic"
+
+
+def start(w):
+    """Start the handler pool and the listener."""
+    from .apps import DBQueueConfig
+
+    if DBQueueConfig._uses_tasks_backend():
+        from .tasks import discover_tasks
+
+        discover_tasks()  # import every app's tasks.py, so @task functions are known
+        set_flow(w, w.conf)
+    w.pool.start()
+    if w.waker is not None:
+        w.waker.start(w._on_notify, w.stopped, on_crash=w.fatal)
+    elif w.listen and not w.burst and w.session.listen is None:
+        w.listener = Listener(
+            w.conf.LISTEN_DATABASE or w.using,
+            w.conf.NOTIFY_CHANNEL,
+            w._on_notify,
+            w.stopped,
+            on_crash=w.fatal,
+            wait_queues=w.queues,
+        )
+        w.listener.start()
