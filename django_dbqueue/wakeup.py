@@ -14,7 +14,7 @@ another. Instead the jobs' writers (``enqueue``, ``enqueue_many``, requeue, run 
   the caller's transaction, delivered at their commit, as before.
 
 The notification is a statement of its own, a transaction that does not wait for the WAL flush
-(``sql.NOTIFY_WORKERS``), with the payload ``"<count>:<queue>"``. Per process, per database and
+(``wakeup_sql.NOTIFY``), with the payload ``"<count>:<queue>"``. Per process, per database and
 queue, at most one is sent per window (``DBQUEUE["WAKEUP_WINDOW"]``, 5 ms by default), with the
 committing thread's commit: the first commit after a window has passed sends it, carrying the
 count of every job committed since the previous one. So that the last jobs of a burst are never
@@ -38,7 +38,7 @@ from collections import Counter
 
 from django.db import connections, transaction
 
-from . import store
+from . import wakeup_sql
 from .conf import get_settings
 from .connections import Session
 
@@ -80,9 +80,7 @@ def jobs_ready(using, queues):
     elif connection.get_autocommit():
         _COALESCER.committed(using, channel, counts)
     else:  # manual transaction management: no on_commit; ride in the caller's transaction
-        store.notify_workers_at_commit(
-            using, channel=channel, payloads=[payload(n, q) for q, n in counts.items()]
-        )
+        wakeup_sql.notify_at_commit(using, channel, [payload(n, q) for q, n in counts.items()])
 
 
 class _AfterCommit:
@@ -198,14 +196,14 @@ class _Coalescer:
         try:
             connection.ensure_connection()
             with connection.wrap_database_errors:
-                sent = store.notify_now(connection.connection, [(channel, payloads)])
-            if sent is False:
+                sent = wakeup_sql.notify_if_idle(connection.connection, channel, payloads)
+            if not sent:
                 # Not idle after all: a transaction opened behind Django's back (a raw BEGIN),
                 # which may hold the very jobs counted here. Their wake-up rides in it, as a
                 # plain NOTIFY delivered at its commit (its synchronous commit untouched); the
                 # sender thread also sends the counts at once, for jobs of earlier commits
                 # coalesced into them (a claim too early for the others costs a claim).
-                store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
+                wakeup_sql.notify_at_commit(using, channel, payloads)
                 self.give_back(using, [(channel, payloads)])
         except Exception as exc:  # the caller's data has committed: never raise into them
             logger.warning(
@@ -293,8 +291,8 @@ class _Coalescer:
     @staticmethod
     def _send(session, using, channel, payloads):
         try:
-            if store.notify_now(session.connection(), [(channel, payloads)]) is False:
-                store.notify_workers(session, channel=channel, payloads=payloads)
+            if not wakeup_sql.notify_if_idle(session.connection(), channel, payloads):
+                wakeup_sql.notify(session, channel, payloads)
         except Exception as exc:
             session.reset()
             logger.warning(
@@ -350,7 +348,7 @@ def jobs_cancelled(using, ids):
     elif connection.get_autocommit():
         _send_cancel(using, channel, payloads)
     else:  # manual transaction management: ride in the caller's transaction
-        store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
+        wakeup_sql.notify_at_commit(using, channel, payloads)
 
 
 def _libpq_idle(connection):
@@ -373,9 +371,9 @@ def _send_cancel(using, channel, payloads):
             # A transaction is open: an earlier on_commit hook opened one, or a raw BEGIN did
             # behind Django's back (it may hold the cancel itself). Ride in it, as its commit
             # sends it (its durability untouched).
-            store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
+            wakeup_sql.notify_at_commit(using, channel, payloads)
         else:
-            store.notify_workers(using, channel=channel, payloads=payloads)
+            wakeup_sql.notify(using, channel, payloads)
     except Exception as exc:  # the cancel has committed: never raise into the caller
         logger.warning(
             "dbqueue could not notify the workers of a cancel (%s) on %r: %s; their next "

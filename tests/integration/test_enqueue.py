@@ -104,11 +104,9 @@ def test_a_failed_commit_sends_no_wake_up_and_raises_as_before(listener):
 
 
 def test_a_wake_up_failing_after_the_commit_is_logged_not_raised(listener, monkeypatch, caplog):
-    for name in ("NOTIFY_ONE", "NOTIFY_ONE_NAMED"):  # naming its workers (waiters.py) or not
-        monkeypatch.setattr(f"django_dbqueue.sql.{name}", b"SELECT pg_notify($1, $2 || 1 / 0)")
-    for name in ("NOTIFY_WORKERS", "NOTIFY_WORKERS_NAMED"):
+    for name in ("NOTIFY", "NOTIFY_NAMED"):  # naming its workers (waiters.py) or not
         monkeypatch.setattr(
-            f"django_dbqueue.sql.{name}", "SELECT pg_notify(%(channel)s, 1 / 0 || '')"
+            f"django_dbqueue.wakeup_sql.{name}", "SELECT pg_notify(%(channel)s, 1 / 0 || '')"
         )
     with caplog.at_level("WARNING", logger="django_dbqueue.wakeup"), transaction.atomic():
         job = enqueue("noop")
