@@ -10,18 +10,18 @@ enqueuers then pay nothing for wake-ups; with idle workers they pay what they pa
 The saying and the looking are PostgreSQL advisory locks, because a lock is seen by every
 session at once, where a row would only be seen by snapshots taken after its commit. Each queue
 has two, keyed by the queue's ``hashtext()`` (computed by the server on both sides), of classes
-``wakeup_sql.WAITING_LOCK`` and ``wakeup_sql.ENQUEUING_LOCK``:
+``WAITING_LOCK`` and ``ENQUEUING_LOCK`` (the statements are in wakeup_sql.py):
 
-- A worker that waits holds ``WAITING`` shared, at session level (``wakeup_sql.START_WAITING``), and
-  lets go of it when a claim comes back full (``wakeup_sql.STOP_WAITING``) or with its connection.
-- An enqueue, in the RETURNING of its INSERT (``wakeup_sql._wakeup_wanted``), tries ``WAITING``
+- A worker that waits holds ``WAITING`` shared, at session level (``START_WAITING``), and lets
+  go of it when a claim comes back full (``STOP_WAITING``) or with its connection.
+- An enqueue, in the RETURNING of its INSERT (``sql._wakeup_wanted``), tries ``WAITING``
   exclusively for an instant. When that fails, a worker waits (or is starting to), and the
   wake-up is sent after the commit, as before. When it succeeds, nobody waits: the enqueue takes
   ``ENQUEUING`` shared for its transaction and looks once more; no wake-up unless a worker
   started waiting in between.
 - A worker that starts waiting would miss the job of an enqueue that found nobody and commits
   just after its claim. So, before that claim, it takes ``ENQUEUING`` exclusively for an instant
-  (``wakeup_sql.AWAIT_ENQUEUERS``): that waits for every such enqueue that has not ended, and they are
+  (``AWAIT_ENQUEUERS``): that waits for every such enqueue that has not ended, and they are
   finite, since enqueues that look once the worker waits find it at their first step and never
   take ``ENQUEUING``. Its claim then sees their jobs. A ``lock_timeout`` of the statement's own
   bounds each try for an enqueue whose transaction stays open (50 ms in all); the worker, already
@@ -54,7 +54,7 @@ channels until it takes other ones) and takes them again when a thread frees
 free where it can take it shared, and it lets go at once: concurrent senders never take each
 other's probes for held slots), picks held ones at random, one more than it
 has jobs, and notifies their channels only, with the payload ``"<count>/<slot>.<slot>:<queue>"``
-(``wakeup_sql.NOTIFY_WORKERS_NAMED``). Where it found fewer held slots than that, it notifies the main
+(``wakeup_sql.NOTIFY_NAMED``). Where it found fewer held slots than that, it notifies the main
 channel, naming nobody. Picking at random spreads the jobs over the idle workers, and two
 senders at the same instant rarely name the same ones.
 
@@ -75,7 +75,7 @@ the sender tries few of them. Only workers that wait while they have free thread
 wake, by their free capacity, prefetch included, as before). Workers without a slot (one that
 waits always, ``"always"``: a fleet-wide limit, a small prefetch; a 257th waiter; a listener
 beside a pooler; a group's listener) hear only the wake-ups that name nobody. A wake-up sent in
-a transaction the caller commits by hand names nobody (``wakeup_sql.NOTIFY_WORKERS_AT_COMMIT``).
+a transaction the caller commits by hand names nobody (``wakeup_sql.NOTIFY_AT_COMMIT``).
 """
 
 import contextlib

@@ -48,3 +48,12 @@ def test_parse_named(raw, expected):
 
 def test_payload_round_trips():
     assert parse_wakeup(payload(250, "a:b")) == ("a:b", 250)
+
+
+def test_the_waiter_lock_classes_are_the_ones_the_enqueue_looks_at():
+    from django_dbqueue import sql, wakeup_sql
+
+    assert (wakeup_sql.WAITING_LOCK, wakeup_sql.ENQUEUING_LOCK) == (
+        sql.WAITING_LOCK,
+        sql.ENQUEUING_LOCK,
+    )
