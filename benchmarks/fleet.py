@@ -128,7 +128,7 @@ def invoice_values(pid, i):
 def django_transaction(side):
     from django.db import connection, transaction
 
-    from django_dbqueue import enqueue, sql, wakeup
+    from django_dbqueue import enqueue, sql, wakeup, wakeup_sql
 
     if side in WINDOWS:
         from django.conf import settings
@@ -140,7 +140,7 @@ def django_transaction(side):
     if side == "ours-nocheck":  # the INSERT without looking whether a worker waits
         sql.INSERT_JOB = sql.INSERT_JOB.replace(sql._WANTED, "false")
     if side == "ours-sync-notify":
-        sql.NOTIFY_WORKERS = sql.NOTIFY_WORKERS_NAMED = sql.NOTIFY_WORKERS_AT_COMMIT  # flushed
+        wakeup_sql.NOTIFY = wakeup_sql.NOTIFY_NAMED = wakeup_sql.NOTIFY_AT_COMMIT  # flushed
     if side == "ours-thread":
         route_every_wake_up_through_the_sender(wakeup)
     statement = BASE_ENQUEUE if side == "django+notify" else BARE_ENQUEUE

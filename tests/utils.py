@@ -154,10 +154,12 @@ def wakeup_slots(queue="default", channel="dbqueue"):
     """``{slot: backend pid}`` of the wake-up slots held on ``queue`` (waiters.py)."""
     from django.db import connection
 
-    from django_dbqueue import sql
+    from django_dbqueue import wakeup_sql
 
     with connection.cursor() as cursor:
-        cursor.execute(WAKEUP_SLOTS, {"slots": sql.WAKEUP_SLOTS, "name": f"{channel}:{queue}"})
+        cursor.execute(
+            WAKEUP_SLOTS, {"slots": wakeup_sql.WAKEUP_SLOTS, "name": f"{channel}:{queue}"}
+        )
         return dict(cursor.fetchall())
 
 
