@@ -1,15 +1,16 @@
 #!/usr/bin/env python
 """What a wake-up adds to the commit of a transaction that enqueued, on one connection.
 
-Three ways to end the same small transaction (``SELECT 1`` inside it), each timed over
+Two ways to end the same small transaction (``SELECT 1`` inside it), each timed over
 ``--n`` transactions, alternating in ``--rounds`` rounds, on a plain psycopg connection of the
 local PostgreSQL (``DATABASE_URL``; its database is only read, never written):
 
   commit            the COMMIT alone (no wake-up: the floor)
   commit+statement  the COMMIT, then the wake-up as a statement of its own
-                    (``sql.NOTIFY_WORKERS`` through a psycopg cursor: the on_commit hook's way)
-  commit+pipelined  ``store.commit_and_notify``: the COMMIT and the wake-up in one libpq pipeline
-                    (what ``transaction.atomic()`` does since the wake-up rides with the commit)
+                    (``wakeups.NOTIFY`` through a psycopg cursor: the on_commit hook's way,
+                    what ``transaction.atomic()`` does; the COMMIT and the wake-up in one libpq
+                    pipeline, which this script also timed, went with Django's private
+                    ``connection._commit`` that it needed: docs/wakeups.md)
 
 Reported per side: client CPU (``time.process_time``) and wall time per transaction, medians of
 the rounds, and each side's extra over the bare COMMIT. The notifications go to a channel of
@@ -34,12 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from django_dbqueue import store  # noqa: E402 - after the path set-up above
-
-try:  # the store/ package (issue 26); against.py runs this script on older commits too
-    from django_dbqueue.store import wakeups as sql
-except ImportError:
-    from django_dbqueue import sql
+from django_dbqueue.store import wakeups  # noqa: E402 - after the path set-up above
 
 CHANNEL = "dbqueue_bench_commit_wakeup"
 PAYLOADS = ["1:default"]
@@ -67,20 +63,13 @@ def sides(conn):
         conn.commit()
         conn.autocommit = True
         psycopg.Cursor(conn).execute(
-            sql.NOTIFY_WORKERS, {"channel": CHANNEL, "payloads": PAYLOADS}, prepare=False
+            wakeups.NOTIFY, {"channel": CHANNEL, "payloads": PAYLOADS}, prepare=False
         )
         conn.autocommit = False
-
-    def commit_pipelined():
-        conn.execute("SELECT 1")
-        failed = store.commit_and_notify(conn, [(CHANNEL, PAYLOADS)], named=False)
-        if failed is not None:
-            raise RuntimeError(f"the wake-up failed: {failed!r}")
 
     return {
         "commit": commit,
         "commit+statement": commit_statement,
-        "commit+pipelined": commit_pipelined,
     }
 
 

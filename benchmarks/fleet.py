@@ -147,8 +147,11 @@ def django_transaction(side):
     if side == "ours-nocheck":  # the INSERT without looking whether a worker waits
         job_sql.INSERT_JOB = job_sql.INSERT_JOB.replace(job_sql._WANTED, "false")
     if side == "ours-sync-notify":  # the wake-up sent with a flushed commit
-        wake = wake_sql.NOTIFY_WORKERS_AT_COMMIT
-        wake_sql.NOTIFY_WORKERS = wake_sql.NOTIFY_WORKERS_NAMED = wake
+        if hasattr(wake_sql, "NOTIFY_AT_COMMIT"):  # sent by an on_commit hook (issue 26)
+            wake_sql.NOTIFY = wake_sql.NOTIFY_NAMED = wake_sql.NOTIFY_AT_COMMIT
+        else:
+            wake = wake_sql.NOTIFY_WORKERS_AT_COMMIT
+            wake_sql.NOTIFY_WORKERS = wake_sql.NOTIFY_WORKERS_NAMED = wake
     if side == "ours-thread":
         route_every_wake_up_through_the_sender(wakeup)
     statement = BASE_ENQUEUE if side == "django+notify" else BARE_ENQUEUE

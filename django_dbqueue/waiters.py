@@ -10,10 +10,10 @@ enqueuers then pay nothing for wake-ups; with idle workers they pay what they pa
 The saying and the looking are PostgreSQL advisory locks, because a lock is seen by every
 session at once, where a row would only be seen by snapshots taken after its commit. Each queue
 has two, keyed by the queue's ``hashtext()`` (computed by the server on both sides), of classes
-``sql.WAITING_LOCK`` and ``sql.ENQUEUING_LOCK``:
+``WAITING_LOCK`` and ``ENQUEUING_LOCK`` (the statements are in store/wakeups.py):
 
-- A worker that waits holds ``WAITING`` shared, at session level (``sql.START_WAITING``), and
-  lets go of it when a claim comes back full (``sql.STOP_WAITING``) or with its connection.
+- A worker that waits holds ``WAITING`` shared, at session level (``START_WAITING``), and lets
+  go of it when a claim comes back full (``STOP_WAITING``) or with its connection.
 - An enqueue, in the RETURNING of its INSERT (``sql._wakeup_wanted``), tries ``WAITING``
   exclusively for an instant. When that fails, a worker waits (or is starting to), and the
   wake-up is sent after the commit, as before. When it succeeds, nobody waits: the enqueue takes
@@ -21,7 +21,7 @@ has two, keyed by the queue's ``hashtext()`` (computed by the server on both sid
   started waiting in between.
 - A worker that starts waiting would miss the job of an enqueue that found nobody and commits
   just after its claim. So, before that claim, it takes ``ENQUEUING`` exclusively for an instant
-  (``sql.AWAIT_ENQUEUERS``): that waits for every such enqueue that has not ended, and they are
+  (``AWAIT_ENQUEUERS``): that waits for every such enqueue that has not ended, and they are
   finite, since enqueues that look once the worker waits find it at their first step and never
   take ``ENQUEUING``. Its claim then sees their jobs. A ``lock_timeout`` of the statement's own
   bounds each try for an enqueue whose transaction stays open (50 ms in all); the worker, already
@@ -43,18 +43,18 @@ release that does not say that it waits).
 **Slots: wake-ups that name their workers.** Every worker listening on the channel hears
 every wake-up of its queue; claiming on each would cost a fleet of separate processes one claim
 per worker per job, and waking each costs CPU. So a waiting worker that has a free thread also
-holds a *slot* of each of its queues (``sql.TAKE_SLOTS``): the lowest free one of
-``sql.WAKEUP_SLOTS`` session-level advisory locks, slot ``s`` keyed by
+holds a *slot* of each of its queues (``wakeups.TAKE_SLOTS``): the lowest free one of
+``wakeups.WAKEUP_SLOTS`` session-level advisory locks, slot ``s`` keyed by
 ``hashtextextended('<channel>:<queue>', s)``, and its session LISTENs on that slot's own
 channel (``dbqueue_slot_channel()``, migration 0014) besides the main one. It gives the slots
-back when its last free thread takes a job (``sql.GIVE_SLOTS``; it keeps listening on their
+back when its last free thread takes a job (``wakeups.GIVE_SLOTS``; it keeps listening on their
 channels until it takes other ones) and takes them again when a thread frees
 (:meth:`Waiting.sync_slots`); ``STOP_WAITING`` drops them with the rest. The sender's statement
 (``dbqueue_wake``) tries the slots from the lowest until sixteen free ones in a row (a slot is
 free where it can take it shared, and it lets go at once: concurrent senders never take each
 other's probes for held slots), picks held ones at random, one more than it
 has jobs, and notifies their channels only, with the payload ``"<count>/<slot>.<slot>:<queue>"``
-(``sql.NOTIFY_WORKERS_NAMED``). Where it found fewer held slots than that, it notifies the main
+(``wakeups.NOTIFY_NAMED``). Where it found fewer held slots than that, it notifies the main
 channel, naming nobody. Picking at random spreads the jobs over the idle workers, and two
 senders at the same instant rarely name the same ones.
 
@@ -75,7 +75,7 @@ the sender tries few of them. Only workers that wait while they have free thread
 wake, by their free capacity, prefetch included, as before). Workers without a slot (one that
 waits always, ``"always"``: a fleet-wide limit, a small prefetch; a 257th waiter; a listener
 beside a pooler; a group's listener) hear only the wake-ups that name nobody. A wake-up sent in
-a transaction the caller commits by hand names nobody (``sql.NOTIFY_WORKERS_AT_COMMIT``).
+a transaction the caller commits by hand names nobody (``wakeups.NOTIFY_AT_COMMIT``).
 """
 
 import contextlib
@@ -84,8 +84,8 @@ import time
 
 import psycopg
 
-from . import store
 from .conf import get_settings
+from .store import wakeups
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -117,18 +117,18 @@ def _per_lock(total_ms, queues):
 
 
 def start(db, queues):
-    """Say on ``db`` that it waits for wake-ups on ``queues`` (``sql.START_WAITING``). Raises
+    """Say on ``db`` that it waits for wake-ups on ``queues`` (``wakeups.START_WAITING``). Raises
     ``psycopg.errors.LockNotAvailable`` when a lock held elsewhere kept it past the timeout (the
     locks taken until then stay taken)."""
-    store.start_waiting(db, queues, timeout_ms=_per_lock(START_TIMEOUT_MS, queues))
+    wakeups.start_waiting(db, queues, timeout_ms=_per_lock(START_TIMEOUT_MS, queues))
 
 
 def await_enqueuers(db, queues):
     """Wait for the enqueues on ``queues`` that found nobody waiting to end
-    (``sql.AWAIT_ENQUEUERS``). Returns False when one's open transaction kept it past the
+    (``wakeups.AWAIT_ENQUEUERS``). Returns False when one's open transaction kept it past the
     timeout; raises what is not a lock timeout."""
     try:
-        store.await_enqueuers(db, queues, timeout_ms=_per_lock(AWAIT_TIMEOUT_MS, queues))
+        wakeups.await_enqueuers(db, queues, timeout_ms=_per_lock(AWAIT_TIMEOUT_MS, queues))
     except psycopg.errors.LockNotAvailable:
         return False
     return True
@@ -136,7 +136,7 @@ def await_enqueuers(db, queues):
 
 def hold(db, queues):
     """:func:`start`, then :func:`await_enqueuers`: True when both went through, False when a
-    lock timeout stopped either (a lock taken twice is counted twice; ``sql.STOP_WAITING``
+    lock timeout stopped either (a lock taken twice is counted twice; ``wakeups.STOP_WAITING``
     drops every count)."""
     try:
         start(db, queues)
@@ -249,7 +249,7 @@ class Waiting:
     def _stop(self):
         conn = self._current()
         if self.held_on is not None and conn is not None and not conn.closed:
-            store.stop_waiting(self.session)  # on the connection that holds them, never a new one
+            wakeups.stop_waiting(self.session)  # on the connection that holds them, never a new one
         self._forget()
 
     @property
@@ -271,7 +271,7 @@ class Waiting:
         """Hold the slots while it waits with a free thread, and only then (the loop, between
         its steps, on the Session's connection). Raises what a lost connection raised. Another
         error leaves it holding none: it acts on every wake-up, as before, and tries again in
-        ``SLOTS_RETRY`` seconds; with migration 0014 not applied, never again."""
+        ``SLOTS_RETRY`` seconds."""
         self._current()
         if not self.wants_sync(free_thread):
             return
@@ -281,29 +281,24 @@ class Waiting:
                 conn = self.session.connection()
                 if conn is not self.listened_on:
                     self.listened, self.listened_on = {}, conn  # a new connection listens on none
-                self.slots = store.take_slots(
+                self.slots = wakeups.take_slots(
                     self.session, self.queues, channel=channel, listened=self.listened
                 )
                 self.listened = dict(self.slots)
                 self.given = None
             else:
-                store.give_slots(self.session, self.slots, channel=channel)
+                wakeups.give_slots(self.session, self.slots, channel=channel)
                 self.slots, self.given, self.given_at = None, self.slots, time.monotonic()
         except psycopg.Error as exc:
             if _lost(self.session):
                 raise
-            missing = isinstance(exc, psycopg.errors.UndefinedFunction)
-            if missing:
-                self.use_slots = False
             self._slots_retry_at = time.monotonic() + SLOTS_RETRY
             logger.warning(
                 "dbqueue worker could not %s its wake-up slots (%s); it acts on every wake-up "
-                "of its queues %s",
+                "of its queues meanwhile, and tries again in %gs",
                 "take" if free_thread else "give back",
                 exc,
-                "(is migration django_dbqueue.0014_wakeup_slots applied?)"
-                if missing
-                else f"meanwhile, and tries again in {SLOTS_RETRY:g}s",
+                SLOTS_RETRY,
             )
             # Which of them the failed statement took or gave is not known: let go of every
             # lock of the session; it says that it waits again before its next claim.

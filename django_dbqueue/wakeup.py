@@ -6,18 +6,15 @@ commit and hold it through the WAL flush, so concurrent enqueuing commits would 
 another. Instead the jobs' writers (``enqueue``, ``enqueue_many``, requeue, run now) call
 :func:`jobs_ready`, and the notification is sent once their transaction has committed:
 
-- inside ``transaction.atomic()``: with the commit itself. The transaction's COMMIT and the
-  notification go to the server in one pipeline (one round trip): the COMMIT first, with the
-  caller's durability, then the notification in an implicit transaction of its own
-  (:class:`_CommitWithWakeup`). Where the driver cannot pipeline, or the window below says
-  "not now", one ``on_commit`` hook per transaction does it after the outermost block
-  committed, on the same connection, now back in autocommit;
+- inside ``transaction.atomic()``: by a ``transaction.on_commit`` hook, after the outermost
+  block committed, on the same connection, now back in autocommit (Django's public API only:
+  one hook per call, the last of a commit sending for all of them, see :class:`_AfterCommit`);
 - in autocommit: right after the statement (it has committed);
 - under manual transaction management (``set_autocommit(False)``, no ``on_commit`` there): inside
   the caller's transaction, delivered at their commit, as before.
 
 The notification is a statement of its own, a transaction that does not wait for the WAL flush
-(``sql.NOTIFY_WORKERS``), with the payload ``"<count>:<queue>"``. Per process, per database and
+(``wakeups.NOTIFY``), with the payload ``"<count>:<queue>"``. Per process, per database and
 queue, at most one is sent per window (``DBQUEUE["WAKEUP_WINDOW"]``, 5 ms by default), with the
 committing thread's commit: the first commit after a window has passed sends it, carrying the
 count of every job committed since the previous one. So that the last jobs of a burst are never
@@ -32,7 +29,6 @@ has committed. A crash between the commit and the notification costs latency, no
 workers' poll finds it.
 """
 
-import contextlib
 import logging
 import math
 import os
@@ -41,15 +37,15 @@ import time
 from collections import Counter
 
 from django.db import connections, transaction
-from django.db.backends.utils import debug_transaction
 
-from . import store
 from .conf import get_settings, setting_valid
 from .connections import Session
+from .store import wakeups
 
 logger = logging.getLogger("django_dbqueue.wakeup")
 
 DEFAULT_WINDOW = 0.005  # seconds: WAKEUP_WINDOW's default
+DEFER = 0.002  # seconds: how long deferred counts wait for their commit's last hook (defer())
 IDLE_CLOSE = 10.0  # seconds without a trailing notification before the sender closes its connection
 
 
@@ -78,156 +74,38 @@ def jobs_ready(using, queues):
     channel = get_settings().NOTIFY_CHANNEL
     connection = connections[using]
     if connection.in_atomic_block:
-        _after_commit(connection, using).add(channel, counts)
+        transaction.on_commit(_AfterCommit(connection, using, channel, counts), using=using)
     elif connection.get_autocommit():
         _COALESCER.committed(using, channel, counts)
     else:  # manual transaction management: no on_commit; ride in the caller's transaction
-        store.notify_workers_at_commit(
-            using, channel=channel, payloads=[payload(n, q) for q, n in counts.items()]
-        )
+        wakeups.notify_at_commit(using, channel, [payload(n, q) for q, n in counts.items()])
 
 
 class _AfterCommit:
-    """The ``on_commit`` hook of one transaction: the counts of every ``jobs_ready`` call in it."""
+    """The ``on_commit`` hook of one ``jobs_ready`` call (Django's public hook, nothing else).
 
-    __slots__ = ("counts", "using")
-
-    def __init__(self, using):
-        self.using = using
-        self.counts = {}  # channel -> Counter(queue -> jobs)
-
-    def add(self, channel, counts):
-        self.counts.setdefault(channel, Counter()).update(counts)
-
-    def __call__(self):
-        for channel, counts in self.counts.items():
-            _COALESCER.committed(self.using, channel, counts)
-
-
-def _registered(connection, hook):
-    return any(entry[1] is hook for entry in connection.run_on_commit)
-
-
-def _after_commit(connection, using):
-    """This transaction's hook, registered on its first call. A hook that Django dropped (its
-    savepoint or transaction rolled back) is no longer in ``run_on_commit``: start a new one.
-    Where the driver can, the commit itself is made to carry the wake-up (_CommitWithWakeup);
-    the hook then finds nothing left to send."""
-    hook = getattr(connection, "_dbqueue_after_commit", None)
-    if hook is None or not _registered(connection, hook):
-        hook = _AfterCommit(using)
-        connection._dbqueue_after_commit = hook
-        transaction.on_commit(hook, using=using)
-    if "_commit" not in connection.__dict__ and _can_pipeline(connection):
-        connection._commit = _CommitWithWakeup(connection)
-    return hook
-
-
-def _can_pipeline(connection):
-    global _PIPELINE
-    if _PIPELINE is None:
-        try:
-            import psycopg
-
-            _PIPELINE = psycopg.Pipeline.is_supported()
-        except Exception:  # no psycopg 3 (or no libpq pipeline support): the hook sends
-            _PIPELINE = False
-    return (
-        _PIPELINE
-        and connection.vendor == "postgresql"
-        and hasattr(connection.connection, "pipeline")
-    )
-
-
-_PIPELINE = None  # whether psycopg and its libpq support pipeline mode (looked up once)
-
-
-def _earlier(sends, own):
-    """What ``sends`` carried for earlier commits: the payloads less this transaction's jobs."""
-    return [
-        (channel, [p for p in (_minus(p, own[channel]) for p in payloads) if p])
-        for channel, payloads in sends
-    ]
-
-
-def _minus(item, counts):
-    """Payload ``item`` less the jobs of ``counts`` (queue -> jobs) on its queue, or None."""
-    count, queue = item.split(":", 1)
-    left = int(count) - counts.get(queue, 0)
-    return payload(left, queue) if left > 0 else None
-
-
-class _CommitWithWakeup:
-    """The connection's ``_commit`` for one transaction that enqueued: the COMMIT and the
-    wake-up in one round trip (``store.commit_and_notify``), instead of the COMMIT's round trip
-    and then the ``on_commit`` hook's own.
-
-    Installed as an attribute of the connection object, in front of the backend's method, and
-    removed again by the first commit that calls it; a transaction that rolls back leaves it in
-    place for the next commit, which finds no hook of its own and commits plainly. It takes the
-    same decisions as the hook (the coalescing window, the trailing notification) at the moment
-    of the commit. Django's commit bookkeeping is untouched: the same ``debug_transaction`` and
-    error wrapping as the backend's own ``_commit``; a failed COMMIT raises as it would have,
-    with no wake-up sent (and the coalesced counts of earlier commits that would have ridden on
-    it handed to the sender thread); a wake-up that fails after a successful COMMIT is logged,
-    never raised.
+    Django runs a transaction's hooks one after another right after its commit, and drops the
+    hooks of a savepoint that rolled back. So that a transaction that called ``jobs_ready`` N
+    times sends one notification per queue, each hook carries its own counts and its place in
+    the connection's sequence of hooks: the last one registered sends everything, the ones
+    before it only leave their counts with the coalescer (:meth:`_Coalescer.defer`). Should the
+    last ones have been dropped with their savepoint, the sender thread sends the deferred
+    counts a moment later; a transaction rolled back as a whole runs none of its hooks, and the
+    next transaction's last hook is again the last registered.
     """
 
-    __slots__ = ("connection",)
+    __slots__ = ("channel", "connection", "counts", "seq", "using")
 
-    def __init__(self, connection):
-        self.connection = connection
+    def __init__(self, connection, using, channel, counts):
+        self.connection, self.using, self.channel, self.counts = connection, using, channel, counts
+        self.seq = getattr(connection, "_dbqueue_hooks", 0) + 1
+        connection._dbqueue_hooks = self.seq  # our own attribute, not one of Django's
 
     def __call__(self):
-        connection = self.connection
-        connection.__dict__.pop("_commit", None)
-        hook = getattr(connection, "_dbqueue_after_commit", None)
-        plain = type(connection)._commit
-        if connection.connection is None or hook is None or not hook.counts:
-            return plain(connection)
-        if not _registered(connection, hook):  # its transaction rolled back: not this one's
-            return plain(connection)
-        now = time.monotonic()
-        own = hook.counts
-        sends, later = [], {}
-        for channel, counts in own.items():
-            payloads, rest = _COALESCER.take_due(hook.using, channel, counts, now)
-            if payloads:
-                sends.append((channel, payloads))
-            if rest:
-                later[channel] = rest
-        # Queues still inside their window stay with the on_commit hook, which hands them to
-        # the trailing notification after the commit (never before it: a wake-up must not
-        # arrive before the jobs it announces are visible).
-        hook.counts = later
-        if not sends:
-            return plain(connection)
-        try:
-            with debug_transaction(connection, "COMMIT"), connection.wrap_database_errors:
-                failed = store.commit_and_notify(connection.connection, sends)
-        except BaseException:
-            # No wake-up went out. This transaction's own jobs are gone with it; the counts of
-            # earlier commits that were to ride on this one are handed to the sender thread.
-            _COALESCER.give_back(hook.using, _earlier(sends, own))
-            pg = connection.connection
-            if pg is not None and pg.closed:  # interrupted mid-pipeline (store closed it)
-                with contextlib.suppress(Exception):
-                    connection.close()  # Django reconnects at the next use
-            raise
-        if failed is False:  # not a plain open transaction: the backend's own commit, the hook
-            _COALESCER.give_back(hook.using, _earlier(sends, own))
-            hook.counts = own
-            return plain(connection)
-        if failed is not None:
-            _COALESCER.give_back(hook.using, sends)
-            logger.warning(
-                "dbqueue could not wake the workers (%s) after a commit on %r: %s; the sender "
-                "thread tries again, and their poll will find the jobs",
-                ", ".join(p for _, payloads in sends for p in payloads),
-                hook.using,
-                failed,
-            )
-        return None
+        if self.seq == getattr(self.connection, "_dbqueue_hooks", 0):
+            _COALESCER.committed(self.using, self.channel, self.counts)
+        else:
+            _COALESCER.defer(self.using, self.channel, self.counts)
 
 
 class _Coalescer:
@@ -237,6 +115,7 @@ class _Coalescer:
         self._cond = threading.Condition()
         self._last = {}  # (using, channel, queue) -> time.monotonic() of the last notification
         self._pending = {}  # (using, channel, queue) -> jobs waiting for the trailing notification
+        self._deferred = {}  # (using, channel, queue) -> not before: see defer()
         self._sender = None
         self._sending = 0  # trailing notifications taken off _pending and not yet sent
         self._close_requested = False
@@ -250,9 +129,14 @@ class _Coalescer:
             self._send_here(using, channel, send, now)
 
     def take(self, using, channel, counts, now):
-        """The payloads to send now for ``counts`` (queue -> jobs) committed at ``now``; the rest
-        wait for the trailing notification (the sender thread is told)."""
+        """The payloads to send now for ``counts`` (queue -> jobs) committed at ``now``, with
+        the counts deferred by earlier hooks of the same commit; the rest wait for the trailing
+        notification (the sender thread is told)."""
         with self._cond:
+            counts = dict(counts)
+            for key in [k for k in self._deferred if k[:2] == (using, channel)]:
+                del self._deferred[key]
+                counts.setdefault(key[2], 0)  # its count is in _pending: _split_due adds it
             send, rest = self._split_due(using, channel, counts, now)
             for queue, count in rest.items():
                 key = (using, channel, queue)
@@ -264,12 +148,17 @@ class _Coalescer:
                     self._cond.notify_all()
         return send
 
-    def take_due(self, using, channel, counts, now):
-        """Before a commit: the payloads of the queues whose window has passed (each with the
-        count of earlier commits waiting for the trailing notification), and the counts of
-        the others, left untouched (they go to take() after the commit)."""
+    def defer(self, using, channel, counts):
+        """Counts of a hook that is not its commit's last: the last one sends them with its own
+        (:meth:`take`); should it have been dropped, the sender thread does, after DEFER."""
         with self._cond:
-            return self._split_due(using, channel, counts, now)
+            until = time.monotonic() + DEFER
+            for queue, count in counts.items():
+                key = (using, channel, queue)
+                self._pending[key] = self._pending.get(key, 0) + count
+                self._deferred.setdefault(key, until)
+            self._start_sender()
+            self._cond.notify_all()
 
     def _split_due(self, using, channel, counts, now):
         send, rest, span = [], {}, window()
@@ -305,14 +194,14 @@ class _Coalescer:
         try:
             connection.ensure_connection()
             with connection.wrap_database_errors:
-                sent = store.notify_now(connection.connection, [(channel, payloads)])
-            if sent is False:
+                sent = wakeups.notify_if_idle(connection.connection, channel, payloads)
+            if not sent:
                 # Not idle after all: a transaction opened behind Django's back (a raw BEGIN),
                 # which may hold the very jobs counted here. Their wake-up rides in it, as a
                 # plain NOTIFY delivered at its commit (its synchronous commit untouched); the
                 # sender thread also sends the counts at once, for jobs of earlier commits
                 # coalesced into them (a claim too early for the others costs a claim).
-                store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
+                wakeups.notify_at_commit(using, channel, payloads)
                 self.give_back(using, [(channel, payloads)])
         except Exception as exc:  # the caller's data has committed: never raise into them
             logger.warning(
@@ -336,9 +225,10 @@ class _Coalescer:
         for key, count in list(self._pending.items()):
             # Half a window of grace: a commit arriving after the window carries the count
             # itself, on its own connection; the thread only covers the end of a burst.
-            at = self._last.get(key, -math.inf) + 1.5 * span
+            at = max(self._last.get(key, -math.inf) + 1.5 * span, self._deferred.get(key, 0.0))
             if at <= now:
                 del self._pending[key]
+                self._deferred.pop(key, None)
                 self._last[key] = now
                 using, channel, queue = key
                 due.setdefault((using, channel), []).append(payload(count, queue))
@@ -399,8 +289,8 @@ class _Coalescer:
     @staticmethod
     def _send(session, using, channel, payloads):
         try:
-            if store.notify_now(session.connection(), [(channel, payloads)]) is False:
-                store.notify_workers(session, channel=channel, payloads=payloads)
+            if not wakeups.notify_if_idle(session.connection(), channel, payloads):
+                wakeups.notify(session, channel, payloads)
         except Exception as exc:
             session.reset()
             logger.warning(
@@ -423,7 +313,7 @@ class _Coalescer:
     def _after_fork(self):
         """In a forked child: the parent's sender thread and its pending counts stay with it."""
         self._cond = threading.Condition()
-        self._last, self._pending, self._sender = {}, {}, None
+        self._last, self._pending, self._deferred, self._sender = {}, {}, {}, None
         self._sending, self._close_requested = 0, False
 
 
@@ -456,7 +346,7 @@ def jobs_cancelled(using, ids):
     elif connection.get_autocommit():
         _send_cancel(using, channel, payloads)
     else:  # manual transaction management: ride in the caller's transaction
-        store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
+        wakeups.notify_at_commit(using, channel, payloads)
 
 
 def _libpq_idle(connection):
@@ -479,9 +369,9 @@ def _send_cancel(using, channel, payloads):
             # A transaction is open: an earlier on_commit hook opened one, or a raw BEGIN did
             # behind Django's back (it may hold the cancel itself). Ride in it, as its commit
             # sends it (its durability untouched).
-            store.notify_workers_at_commit(using, channel=channel, payloads=payloads)
+            wakeups.notify_at_commit(using, channel, payloads)
         else:
-            store.notify_workers(using, channel=channel, payloads=payloads)
+            wakeups.notify(using, channel, payloads)
     except Exception as exc:  # the cancel has committed: never raise into the caller
         logger.warning(
             "dbqueue could not notify the workers of a cancel (%s) on %r: %s; their next "

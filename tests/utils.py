@@ -154,10 +154,10 @@ def wakeup_slots(queue="default", channel="dbqueue"):
     """``{slot: backend pid}`` of the wake-up slots held on ``queue`` (waiters.py)."""
     from django.db import connection
 
-    from django_dbqueue.store import wakeups as sql
+    from django_dbqueue.store import wakeups
 
     with connection.cursor() as cursor:
-        cursor.execute(WAKEUP_SLOTS, {"slots": sql.WAKEUP_SLOTS, "name": f"{channel}:{queue}"})
+        cursor.execute(WAKEUP_SLOTS, {"slots": wakeups.WAKEUP_SLOTS, "name": f"{channel}:{queue}"})
         return dict(cursor.fetchall())
 
 

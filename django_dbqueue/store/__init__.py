@@ -70,35 +70,20 @@ from .schedule import (
     schedule_status,
 )
 from .schema import applied_migrations, missing_tables
-from .wakeups import (
-    _NAMING_MISSING,
-    await_enqueuers,
-    commit_and_notify,
-    give_slots,
-    notify_now,
-    notify_workers,
-    notify_workers_at_commit,
-    start_waiting,
-    stop_waiting,
-    take_slots,
-)
 from .workers import announce_worker, forget_expired_workers, live_workers, withdraw_worker
 from .workflows import dependency_results, insert_workflow, workflow_neighbours
 
 __all__ = [
-    "_NAMING_MISSING",  # read and cleared by tests/integration/test_wakeup_slots.py
     "StoredEntry",
     "advance_schedule",
     "advance_schedule_entry",
     "announce_worker",
     "applied_migrations",
-    "await_enqueuers",
     "begin_delivery",
     "cancel",
     "claim",
     "claim_statement",
     "claimed_rows",
-    "commit_and_notify",
     "complete",
     "complete_ending",
     "complete_statement",
@@ -123,7 +108,6 @@ __all__ = [
     "fail_job",
     "flow_state",
     "forget_expired_workers",
-    "give_slots",
     "ids_by_keys",
     "insert_job",
     "insert_jobs",
@@ -137,9 +121,6 @@ __all__ = [
     "metrics_snapshot",
     "missing_tables",
     "new_token",
-    "notify_now",
-    "notify_workers",
-    "notify_workers_at_commit",
     "pause_queue",
     "prune",
     "prune_rollup",
@@ -159,10 +140,7 @@ __all__ = [
     "schedule_status",
     "settle_deliveries",
     "settle_delivery",
-    "start_waiting",
     "status",
-    "stop_waiting",
-    "take_slots",
     "task_result_row",
     "text_array",
     "unique_holder",

@@ -8,7 +8,7 @@ from .wakeups import WAKEUPS_WANTED, _wakeup_wanted
 # Enqueue: one round trip, one statement, and no notification. A NOTIFY inside the caller's
 # transaction would make PostgreSQL take a cluster-wide lock at its commit and hold it through the
 # WAL flush, so concurrent enqueuing commits would queue behind each other; the wake-up is sent
-# after the commit instead (NOTIFY_WORKERS, wakeup.py). Four variants (and the flow-control ones
+# after the commit instead (store/wakeups.py NOTIFY, wakeup.py). Four variants (and the flow-control ones
 # of INSERT_JOB_VARIANTS below), built here once from one template: with or without an idempotency key (ON CONFLICT makes "at most one job per key" hold
 # under a race: the second inserter waits for the first to commit, then inserts nothing and
 # returns no row), and due now or scheduled. A scheduled variant also says whether the job is

@@ -10,7 +10,7 @@ REQUEUE_TRIES = 3  # a holder of a unique key enqueued during the requeue: read 
 
 # Each takes explicit ids and moves only the rows whose state allows it; the caller reports how
 # many moved and how many were left alone. Requeue and run-now return each job's queue, for the
-# wake-up their callers send after the commit (NOTIFY_WORKERS).
+# wake-up their callers send after the commit (store/wakeups.py NOTIFY).
 
 # Dead or cancelled -> pending, attempts reset. The error history stays: it is the record of
 # what went wrong, and the next failures are appended after it. A "Requeued" entry marks where

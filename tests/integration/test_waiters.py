@@ -185,7 +185,7 @@ def test_an_enqueue_left_open_keeps_a_worker_trying_but_waiting(plain):
         assert plain.until_jobs(1) == ["1:default"]
         open_enqueue.commit()
         assert waiters.hold(worker, ["default"]) is True
-        waiters.store.stop_waiting(worker)
+        waiters.wakeups.stop_waiting(worker)
         assert holders() == set(), "stopping drops every count, however often it was taken"
     finally:
         open_enqueue.proceed.set()

@@ -52,6 +52,27 @@ def test_a_rolled_back_savepoint_takes_its_jobs_out_of_the_count(listener):
     assert scalar("SELECT count(*) FROM dbqueue_job") == 2
 
 
+def test_a_rolled_back_last_savepoint_still_sends_the_commits_other_jobs(listener):
+    # The hooks of the last jobs_ready calls went with their savepoint: the earlier hooks'
+    # deferred counts are sent by the sender thread, once, with the right count.
+    with transaction.atomic():
+        enqueue("noop")
+        enqueue("noop", queue="emails")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            enqueue("noop")
+            raise RuntimeError("inner block failed")
+    assert sorted(listener.until_jobs(2)) == ["1:default", "1:emails"]
+    assert sorted(listener.collect(0.1)) == ["1:default", "1:emails"]  # nothing more
+    assert wakeup.flush() and not wakeup._COALESCER._deferred
+
+
+def test_many_jobs_ready_calls_in_one_transaction_send_one_wake_up_per_queue(listener):
+    with transaction.atomic():
+        for i in range(5):
+            enqueue("noop", queue="emails" if i % 2 else "default")
+    assert sorted(listener.until_jobs(5)) == ["2:emails", "3:default"]
+
+
 def test_the_callers_transaction_keeps_synchronous_commit(listener):
     assert show_synchronous_commit() == "on"
     with transaction.atomic():

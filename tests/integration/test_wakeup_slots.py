@@ -13,7 +13,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_dbqueue import enqueue, enqueue_many, store, waiters
+from django_dbqueue import enqueue, enqueue_many, waiters
 from django_dbqueue.connections import connection_params
 from django_dbqueue.store import wakeups as sql
 from tests.utils import Listener, scalar, wait_until, wakeup_slots, wakeup_waiters
@@ -28,7 +28,7 @@ def direct():
 
 
 def take(conn, queues, channel="dbqueue", listened=None):
-    """``{queue: slot}`` taken on ``conn`` (sql.TAKE_SLOTS, as store.take_slots runs it)."""
+    """``{queue: slot}`` taken on ``conn`` (sql.TAKE_SLOTS, as store.wakeups.take_slots runs it)."""
     params = {"channel": channel, "queues": queues, "listened": listened or [None] * len(queues)}
     slots = conn.execute(sql.TAKE_SLOTS, params).fetchone()[0]
     return dict(zip(queues, slots, strict=True))
@@ -316,21 +316,21 @@ def test_a_wake_up_in_a_transaction_committed_by_hand_names_nobody(slow_poll_set
     assert main.until_jobs(1) == ["1:default"]
 
 
-def test_before_migration_0014_the_wake_ups_go_out_naming_nobody(slow_poll_settings, two_waiting):
-    main, _ = two_waiting
+def test_without_migration_0014_a_wake_up_fails_loudly_and_the_enqueue_commits(
+    slow_poll_settings, two_waiting, caplog
+):
+    # The app's migrations are required: no fallback that sends the wake-up another way.
     rename = "ALTER FUNCTION {}(text, text, int) RENAME TO {}"
     with connection.cursor() as cursor:
         cursor.execute(rename.format("dbqueue_wake", "dbqueue_wake_x"))
     try:
-        enqueue("noop")  # after its commit, in a wake-up of its own
-        assert main.until_jobs(1) == ["1:default"], "sent again, as earlier releases did"
-        assert store._NAMING_MISSING, "and this process stops naming"
-        enqueue("noop")
-        assert main.until_jobs(2) == ["1:default"] * 2
+        with caplog.at_level("WARNING", logger="django_dbqueue.wakeup"):
+            job = enqueue("noop")  # after its commit, in a wake-up of its own
+        assert "dbqueue_wake" in caplog.text and "could not wake the workers" in caplog.text
+        assert job.created
     finally:
         with connection.cursor() as cursor:
             cursor.execute(rename.format("dbqueue_wake_x", "dbqueue_wake"))
-        store._NAMING_MISSING.clear()
 
 
 # In-process workers ---------------------------------------------------------------------------
