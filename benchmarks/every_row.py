@@ -23,7 +23,7 @@ do not overlap), "faster" when every run is better, else "within spread". Rows t
 run has no spread: its verdict is "1 run". The exit status is 1 when a row is worse beyond the
 spread or a run failed.
 
-``--quick`` runs small sizes (about 3-4 minutes on 2 cores): for checking the script, not for
+``--quick`` runs small sizes (about 3 minutes on 2 cores): for checking the script, not for
 figures. The default sizes take about 20-25 minutes.
 """
 
