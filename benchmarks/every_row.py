@@ -316,7 +316,9 @@ def run_all(args, suites, logdir):
     failures)."""
     figures, failures = {}, []
     with against.ref_tree(args.commit) as tree:
-        sides = [("ref", tree, "_ref"), ("this", REPO, "")]
+        # The ref's databases are named after its commit: one migrated by another ref's newer
+        # migrations would keep their functions and triggers, which this ref's code never had.
+        sides = [("ref", tree, f"_ref_{args.commit[:7]}"), ("this", REPO, "")]
         for round_ in range(args.rounds):
             for suite in suites:
                 for side, root, suffix in sides if round_ % 2 == 0 else sides[::-1]:
