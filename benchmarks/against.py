@@ -22,6 +22,7 @@ removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -32,12 +33,52 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_side(label, tree, script, script_args, database):
+def run_side(label, tree, script, script_args, database, log=None):
+    """Run ``script`` of ``tree`` with that tree's package and ``database``; its output goes to
+    this process's (under a header) or, with ``log``, to that file. Returns the exit status."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(tree) + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, str(tree / script), *script_args, "--database", database]
-    print(f"\n===== {label}: {tree} ({' '.join(cmd[1:])})", flush=True)
-    return subprocess.run(cmd, cwd=tree, env=env, check=False).returncode
+    header = f"\n===== {label}: {tree} ({' '.join(cmd[1:])})"
+    if log is None:
+        print(header, flush=True)
+        return subprocess.run(cmd, cwd=tree, env=env, check=False).returncode
+    with open(log, "w") as out:
+        print(header, file=out, flush=True)
+        return subprocess.run(
+            cmd, cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT, check=False
+        ).returncode
+
+
+def resolve(ref):
+    """The commit ``ref`` names in this repository, or None."""
+    resolved = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return None if resolved.returncode else resolved.stdout.strip()
+
+
+@contextlib.contextmanager
+def ref_tree(commit):
+    """A temporary worktree of ``commit`` with today's ``benchmarks/``; removed on the way out."""
+    tmp = Path(tempfile.mkdtemp(prefix="dbqueue-against-"))
+    tree = tmp / "ref"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO, check=True)
+    try:
+        shutil.rmtree(tree / "benchmarks")
+        shutil.copytree(
+            REPO / "benchmarks",
+            tree / "benchmarks",
+            ignore=shutil.ignore_patterns("__pycache__", "results"),
+        )
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main(argv=None):
@@ -53,29 +94,13 @@ def main(argv=None):
         parser.error(f"no benchmark script {script} in {REPO}")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    resolved = subprocess.run(
-        ["git", "rev-parse", "--verify", f"{args.ref}^{{commit}}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if resolved.returncode:
+    commit = resolve(args.ref)
+    if commit is None:
         parser.error(f"--ref {args.ref!r} is not a commit of this repository")
-    commit = resolved.stdout.strip()
     script_args = [a for a in args.script_args if a != "--"]
 
-    tmp = Path(tempfile.mkdtemp(prefix="dbqueue-against-"))
-    tree = tmp / "ref"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=REPO, check=True)
     failed = 0
-    try:
-        shutil.rmtree(tree / "benchmarks")
-        shutil.copytree(
-            REPO / "benchmarks",
-            tree / "benchmarks",
-            ignore=shutil.ignore_patterns("__pycache__", "results"),
-        )
+    with ref_tree(commit) as tree:
         sides = [
             ("ref " + commit[:10], tree, args.database + "_ref"),
             ("this tree", REPO, args.database),
@@ -84,9 +109,6 @@ def main(argv=None):
             for label, root, database in sides if round_ % 2 == 0 else sides[::-1]:
                 rc = run_side(f"round {round_ + 1}, {label}", root, script, script_args, database)
                 failed |= rc != 0
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failed else 0
 
 

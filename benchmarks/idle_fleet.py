@@ -14,7 +14,7 @@ are counted by the workers themselves (each prints ``N claims (M empty)`` when i
 claims a fleet makes by starting and stopping are measured in a run without jobs and subtracted.
 
     python benchmarks/idle_fleet.py [--workers 20] [--jobs 200] [--gap 0.05] [--idle 20]
-        [--concurrency 2] [--job-ms 0]
+        [--concurrency 2] [--job-ms 0] [--json FILE]
 
 With ``--job-ms`` the trickle's jobs sleep that long, so that workers are busy while jobs arrive
 (with ``--concurrency 1``, a worker's only thread): a fleet under a moderate load. It also
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import signal
@@ -310,6 +311,7 @@ def main(argv=None):
     parser.add_argument(
         "--drain", type=int, default=20000, help="no-op jobs the fleet drains (0: skip)"
     )
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = parser.parse_args(argv)
 
     url = os.environ.get("DATABASE_URL", DEFAULT_URL)
@@ -365,6 +367,8 @@ def main(argv=None):
                 f"{r['mode']:<10} {r['drain_jobs_per_s']:>9,.0f} jobs/s   "
                 f"{r['jobs_per_pg_cpu_s']:>9,.0f} jobs per second of PostgreSQL CPU (one core)"
             )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "modes": results}, indent=2))
 
 
 if __name__ == "__main__":
