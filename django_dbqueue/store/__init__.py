@@ -13,7 +13,7 @@ This module is the interface the rest of the package uses (``from . import store
 """
 
 from ._db import int_array, text_array
-from .claiming import claim, claim_statement, claimed_rows, count_due, new_token
+from .claiming import ClaimedRow, claim, claim_statement, claimed_rows, count_due, new_token
 from .completion import (
     complete,
     complete_ending,
@@ -74,6 +74,7 @@ from .workers import announce_worker, forget_expired_workers, live_workers, with
 from .workflows import dependency_results, insert_workflow, workflow_neighbours
 
 __all__ = [
+    "ClaimedRow",  # imported by a process-mode child (processes.py)
     "StoredEntry",
     "advance_schedule",
     "advance_schedule_entry",
