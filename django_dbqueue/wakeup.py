@@ -10,8 +10,10 @@ another. Instead the jobs' writers (``enqueue``, ``enqueue_many``, requeue, run 
   block committed, on the same connection, now back in autocommit (Django's public API only:
   one hook per call, the last of a commit sending for all of them, see :class:`_AfterCommit`);
 - in autocommit: right after the statement (it has committed);
-- under manual transaction management (``set_autocommit(False)``, no ``on_commit`` there): inside
-  the caller's transaction, delivered at their commit, as before.
+- under manual transaction management (``set_autocommit(False)``, outside ``atomic()``: no
+  ``on_commit`` there): inside the caller's transaction, delivered at their commit. Inside an
+  ``atomic()`` block under manual management Django runs the hooks only when autocommit comes
+  back (docs/wakeups.md says what that gives up).
 
 The notification is a statement of its own, a transaction that does not wait for the WAL flush
 (``wakeups.NOTIFY``), with the payload ``"<count>:<queue>"``. Per process, per database and
@@ -191,22 +193,29 @@ class _Coalescer:
             # would turn off synchronous commit for it. The sender thread sends instead.
             self.give_back(using, [(channel, payloads)])
             return
+        sent = given = False
         try:
             connection.ensure_connection()
             with connection.wrap_database_errors:
                 sent = wakeups.notify_if_idle(connection.connection, channel, payloads)
             if not sent:
                 # Not idle after all: a transaction opened behind Django's back (a raw BEGIN),
-                # which may hold the very jobs counted here. Their wake-up rides in it, as a
-                # plain NOTIFY delivered at its commit (its synchronous commit untouched); the
-                # sender thread also sends the counts at once, for jobs of earlier commits
-                # coalesced into them (a claim too early for the others costs a claim).
-                wakeups.notify_at_commit(using, channel, payloads)
+                # which may hold the very jobs counted here. The sender thread sends the counts
+                # at once, for jobs of earlier commits coalesced into them (a claim too early
+                # for the others costs a claim); their wake-up also rides in that transaction,
+                # as a plain NOTIFY delivered at its commit (its synchronous commit untouched).
                 self.give_back(using, [(channel, payloads)])
+                given = True
+                wakeups.notify_at_commit(using, channel, payloads)
         except Exception as exc:  # the caller's data has committed: never raise into them
+            # The counts (other threads' and other commits' coalesced into them too) go to the
+            # sender thread, which sends them on its own connection: a broken connection here
+            # costs this thread a warning, not the jobs their wake-up.
+            if not sent and not given:
+                self.give_back(using, [(channel, payloads)])
             logger.warning(
-                "dbqueue could not wake the workers (%s) after a commit on %r: %s; their poll "
-                "will find the jobs",
+                "dbqueue could not wake the workers (%s) after a commit on %r: %s; the wake-up "
+                "sender tries again on its own connection, and their poll finds the jobs anyway",
                 ", ".join(payloads),
                 using,
                 exc,
@@ -243,7 +252,9 @@ class _Coalescer:
             with self._cond:
                 now = time.monotonic()
                 due, next_due = self._take_due(now)
-                cold = {key[0] for key in self._pending} - set(sessions)
+                # Counts only deferred to their commit's last hook need no connection yet: that
+                # hook sends them a moment later on its own (a session opens when one is due).
+                cold = {k[0] for k in self._pending if k not in self._deferred} - set(sessions)
                 idle = self._close_requested or (
                     not due and next_due is None and sessions and now - last_sent >= IDLE_CLOSE
                 )

@@ -12,6 +12,7 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
+from psycopg import OperationalError
 
 from django_dbqueue import (
     EnqueueError,
@@ -118,6 +119,29 @@ def test_a_wake_up_failing_after_the_commit_is_logged_not_raised(listener, monke
     with transaction.atomic():  # the connection is fine: the next commit notifies
         enqueue("noop")
     assert listener.drain(1.0) == ["1:default"]
+
+
+def test_a_wake_up_that_fails_on_the_committing_connection_is_sent_by_the_sender(
+    listener, monkeypatch, caplog
+):
+    # The connection breaks between the COMMIT and the hook (here: the send raises once): the
+    # counts go to the sender thread, which sends them on its own connection.
+    real, calls = wakeup.wakeups.notify_if_idle, []
+
+    def fails_on_django_connection(conn, channel, payloads):
+        calls.append(payloads)
+        if len(calls) == 1:
+            raise OperationalError("the connection broke after the commit")
+        return real(conn, channel, payloads)
+
+    monkeypatch.setattr(wakeup.wakeups, "notify_if_idle", fails_on_django_connection)
+    listener.drain(0.2)
+    with caplog.at_level("WARNING", logger="django_dbqueue.wakeup"), transaction.atomic():
+        job = enqueue("noop")
+    assert job_row(job.id)["state"] == "pending"
+    assert "sender tries again on its own connection" in caplog.text
+    assert listener.drain(1.0) == ["1:default"]  # sent once, by the sender thread
+    assert len(calls) == 2
 
 
 def test_the_statements_of_one_transaction_share_a_cursor_that_django_still_wraps():
