@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from django.db import ProgrammingError
 
-from . import schema, store, validation, wakeup
+from . import cancel_notices, schema, store, validation
 from .exceptions import InvalidArgument
 from .jobspec import EnqueuedJob, database
 
@@ -74,5 +74,5 @@ def cancel(job_ids, *, by=None, using=None):
     except ProgrammingError as exc:
         schema.raise_if_unmigrated(exc, using)
         raise
-    wakeup.jobs_cancelled(using, [i for i, state in states.items() if state == "running"])
+    cancel_notices.jobs_cancelled(using, [i for i, state in states.items() if state == "running"])
     return {i: _OUTCOMES.get(states.get(i), UNKNOWN) for i in ids}

@@ -1,24 +1,15 @@
-"""LISTEN; wakes the claim loop when a job is enqueued, and tells the worker holding a job that
-its cancel was asked for.
+"""The receiving side of wake-ups (docs/wakeups.md): LISTEN, the payloads, and a ``--processes``
+group's waker; also the cancel notifications that tell a worker to stop a running job.
 
-A worker that listens for itself does it on its own session (connections.Session's ``listen``),
-and its loop sleeps on that connection's socket and its :class:`Wakeup` at once. A
-:class:`Listener` thread with a connection of its own listens instead where the LISTEN must go
-elsewhere (``LISTEN_DATABASE``: a direct connection beside a transaction pooler), and for a
-whole ``--processes`` group (the supervisor's listener process).
+A worker listens on its own session; a :class:`Listener` thread with a connection of its own
+listens where the LISTEN must go elsewhere (``LISTEN_DATABASE`` beside a transaction pooler) and
+for a whole group (the supervisor). A notification is only a hint: the poll and the heartbeat
+make up for any that is lost, so the listener need only be quick and self-healing.
 
-The notification is only a hint: the worker's poll guarantees progress when one is missed (the
-listener reconnecting, PgBouncer in transaction mode, ``DBQUEUE["LISTEN"] = False``), and its
-heartbeat tells it of a cancel within ``HEARTBEAT_INTERVAL``. So the listener never needs to be
-exact, only quick and self-healing.
-
-Payloads on the channel: ``"<count>:<queue>"`` (jobs ready, wakeup.py), the same naming the
-workers that are to claim, ``"<count>/<slot>.<slot>:<queue>"`` (waiters.py: a worker that holds
-a slot of the queue and is not named leaves the jobs to those that are; an older worker reads
-it as a queue it does not serve, hence WAKEUP_IF_WAITING = False for a rollout), a bare queue
-name (from SQL: workflow releases), and ``"cancel:<id>,<id>,..."`` (jobs whose cancel was asked for while
-they run; wakeup.jobs_cancelled). An older worker reads the last as a queue it does not serve
-and ignores it (``parse_wakeup``), so a fleet can be upgraded one worker at a time.
+Payloads: ``"<count>:<queue>"``; ``"<count>/<slot>.<slot>:<queue>"`` naming the workers that are
+to claim (waiters.py); a bare queue name (from SQL: workflow releases); and
+``"cancel:<id>,<id>,..."``. A worker of an older release reads what it does not know as a queue
+it does not serve, so a fleet can be upgraded one worker at a time.
 """
 
 import contextlib
@@ -32,6 +23,7 @@ import time
 
 import psycopg
 
+from .cancel_notices import CANCEL_PREFIX
 from .connections import connect, connection_params
 
 logger = logging.getLogger("django_dbqueue.notifications")
@@ -74,32 +66,6 @@ def parse_named(payload):
     every worker waiting on its queue acts on it."""
     parts = _parts(payload)
     return None if parts is None else parts[2]
-
-
-CANCEL_PREFIX = "cancel:"
-CANCEL_CHUNK = 200  # ids per notification: ~2 KB, far below NOTIFY's 8000-byte payload limit,
-#                     and below PIPE_BUF, so a group listener forwards one in a single write
-
-
-def cancel_payloads(ids):
-    """The notifications that tell the workers ``ids`` are to be cancelled."""
-    ids = sorted(set(ids))
-    return [
-        CANCEL_PREFIX + ",".join(str(i) for i in ids[start : start + CANCEL_CHUNK])
-        for start in range(0, len(ids), CANCEL_CHUNK)
-    ]
-
-
-def parse_cancel(payload):
-    """The job ids of a ``"cancel:<id>,<id>"`` payload, or ``None`` for any other payload.
-    Parts that are not ids are skipped: a bad notification must not stop a listener."""
-    if not payload.startswith(CANCEL_PREFIX):
-        return None
-    return [
-        int(part)
-        for part in payload[len(CANCEL_PREFIX) :].split(",")
-        if part.isascii() and part.isdigit()
-    ]
 
 
 class Wakeup:

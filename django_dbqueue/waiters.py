@@ -1,81 +1,17 @@
-"""Who waits for a wake-up: an enqueue sends one only when a worker waits for it.
+"""Who waits for a wake-up, so that an enqueue sends one only when a worker waits for it
+(docs/wakeups.md, sections 2 and 3, is the design; store/wakeups.py has the statements).
 
-A wake-up (wakeup.py) costs the enqueuing process a statement and the server a transaction. It
-is worth that only to a worker that would claim when told: one whose last claim found its queue
-empty and that now sleeps on LISTEN. A worker draining a backlog claims again by itself, and
-nobody needs waking when no worker listens at all. So a worker says that it waits, and an
-enqueue looks, in its own INSERT, whether anybody does. Under a backlog (every worker busy) the
-enqueuers then pay nothing for wake-ups; with idle workers they pay what they paid before.
+A worker whose last claim came back short holds the queue's ``WAITING`` advisory lock shared, at
+session level, and drops it when a claim comes back full; an enqueue tries that lock in its own
+INSERT and wakes nobody when it is free. Before the claim that follows, the worker waits for the
+enqueues that found nobody (``AWAIT_ENQUEUERS``), so that claim sees their jobs: a false
+"nobody waits" cannot happen, a false "somebody waits" costs one wake-up.
 
-The saying and the looking are PostgreSQL advisory locks, because a lock is seen by every
-session at once, where a row would only be seen by snapshots taken after its commit. Each queue
-has two, keyed by the queue's ``hashtext()`` (computed by the server on both sides), of classes
-``WAITING_LOCK`` and ``ENQUEUING_LOCK`` (the statements are in store/wakeups.py):
-
-- A worker that waits holds ``WAITING`` shared, at session level (``START_WAITING``), and lets
-  go of it when a claim comes back full (``STOP_WAITING``) or with its connection.
-- An enqueue, in the RETURNING of its INSERT (``sql._wakeup_wanted``), tries ``WAITING``
-  exclusively for an instant. When that fails, a worker waits (or is starting to), and the
-  wake-up is sent after the commit, as before. When it succeeds, nobody waits: the enqueue takes
-  ``ENQUEUING`` shared for its transaction and looks once more; no wake-up unless a worker
-  started waiting in between.
-- A worker that starts waiting would miss the job of an enqueue that found nobody and commits
-  just after its claim. So, before that claim, it takes ``ENQUEUING`` exclusively for an instant
-  (``AWAIT_ENQUEUERS``): that waits for every such enqueue that has not ended, and they are
-  finite, since enqueues that look once the worker waits find it at their first step and never
-  take ``ENQUEUING``. Its claim then sees their jobs. A ``lock_timeout`` of the statement's own
-  bounds each try for an enqueue whose transaction stays open (50 ms in all); the worker, already
-  waiting by then (new enqueues wake it), tries again a little later, and claims once it got
-  through.
-
-Enqueues never hold a lock against each other (shared, or exclusive for an instant), so a false
-"somebody waits" is rare (two enqueues trying at the same instant, a worker that stopped waiting
-after the look) and costs a wake-up, which every enqueue paid before; a false "nobody waits"
-cannot happen. Queues whose names hash alike, and projects that share a database and a queue
-name, only add wake-ups. A waiting worker holds one advisory lock per queue it serves.
-
-Where a worker's own connection cannot hold a session lock (behind a transaction pooler, with
-``LISTEN_DATABASE`` naming a direct connection), its listener holds the lock for as long as it
-is connected: enqueues then always wake, as before. ``DBQUEUE["WAKEUP_IF_WAITING"] = False``
-makes every enqueue of a due job wake, whoever waits (for a fleet still running workers of a
-release that does not say that it waits).
-
-**Slots: wake-ups that name their workers.** Every worker listening on the channel hears
-every wake-up of its queue; claiming on each would cost a fleet of separate processes one claim
-per worker per job, and waking each costs CPU. So a waiting worker that has a free thread also
-holds a *slot* of each of its queues (``wakeups.TAKE_SLOTS``): the lowest free one of
-``wakeups.WAKEUP_SLOTS`` session-level advisory locks, slot ``s`` keyed by
-``hashtextextended('<channel>:<queue>', s)``, and its session LISTENs on that slot's own
-channel (``dbqueue_slot_channel()``, migration 0014) besides the main one. It gives the slots
-back when its last free thread takes a job (``wakeups.GIVE_SLOTS``; it keeps listening on their
-channels until it takes other ones) and takes them again when a thread frees
-(:meth:`Waiting.sync_slots`); ``STOP_WAITING`` drops them with the rest. The sender's statement
-(``dbqueue_wake``) tries the slots from the lowest until sixteen free ones in a row (a slot is
-free where it can take it shared, and it lets go at once: concurrent senders never take each
-other's probes for held slots), picks held ones at random, one more than it
-has jobs, and notifies their channels only, with the payload ``"<count>/<slot>.<slot>:<queue>"``
-(``wakeups.NOTIFY_NAMED``). Where it found fewer held slots than that, it notifies the main
-channel, naming nobody. Picking at random spreads the jobs over the idle workers, and two
-senders at the same instant rarely name the same ones.
-
-A worker acts on a wake-up (:meth:`Waiting.acts_on`) when it has a free thread and the
-payload names it, or names nobody, or the worker holds no slot of the queue (it has not taken
-one yet, or all were taken). A worker whose every thread is busy claims nothing for a wake-up:
-a job claimed then would wait in its buffer while idle workers sleep. When the wake-up was for
-it (naming nobody, or naming its slot, or the slot it gave back within ``GIVEN_GRACE``: the
-sender looked just before), it claims once a thread frees instead (the worker's ``_missed``).
-
-The one more (a spare) covers a named worker frozen with its connection open (SIGSTOP, a
-debugger), one that lost its last free thread just after the sender looked, and the backends of
-a host that died, which hold their slots until the server notices: ``dbqueue_take_slots``
-shortens its session's TCP keepalives and ``tcp_user_timeout`` to a minute. When the spare fails
-too, the poll finds the job. Slots stay near the bottom (a worker takes the lowest free one), so
-the sender tries few of them. Only workers that wait while they have free threads take slots
-(mode ``"dynamic"``, and not a ``--processes`` child, whose group listener picks the workers to
-wake, by their free capacity, prefetch included, as before). Workers without a slot (one that
-waits always, ``"always"``: a fleet-wide limit, a small prefetch; a 257th waiter; a listener
-beside a pooler; a group's listener) hear only the wake-ups that name nobody. A wake-up sent in
-a transaction the caller commits by hand names nobody (``wakeups.NOTIFY_AT_COMMIT``).
+A waiting worker with a free thread also holds a wake-up *slot* of each of its queues and
+LISTENs on that slot's channel; the sender names held slots at random, one more than it has
+jobs, so that one job does not wake a fleet of separate processes. It gives its slots back when
+its last free thread takes a job. A ``--processes`` child takes none (its group's listener picks
+whom to wake), nor does a worker in mode ``"always"``; those hear only wake-ups naming nobody.
 """
 
 import contextlib

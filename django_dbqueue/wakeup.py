@@ -1,34 +1,14 @@
-"""Waking the workers after a commit: one notification per queue, coalesced, never in the caller's
-transaction.
+"""Waking the workers after a commit (docs/wakeups.md, section 1, is the design).
 
-A ``pg_notify`` inside the enqueuing transaction makes PostgreSQL take a cluster-wide lock at its
-commit and hold it through the WAL flush, so concurrent enqueuing commits would queue behind one
-another. Instead the jobs' writers (``enqueue``, ``enqueue_many``, requeue, run now) call
-:func:`jobs_ready`, and the notification is sent once their transaction has committed:
-
-- inside ``transaction.atomic()``: by a ``transaction.on_commit`` hook, after the outermost
-  block committed, on the same connection, now back in autocommit (Django's public API only:
-  one hook per call, the last of a commit sending for all of them, see :class:`_AfterCommit`);
-- in autocommit: right after the statement (it has committed);
-- under manual transaction management (``set_autocommit(False)``, outside ``atomic()``: no
-  ``on_commit`` there): inside the caller's transaction, delivered at their commit. Inside an
-  ``atomic()`` block under manual management Django runs the hooks only when autocommit comes
-  back (docs/wakeups.md says what that gives up).
-
-The notification is a statement of its own, a transaction that does not wait for the WAL flush
-(``wakeups.NOTIFY``), with the payload ``"<count>:<queue>"``. Per process, per database and
-queue, at most one is sent per window (``DBQUEUE["WAKEUP_WINDOW"]``, 5 ms by default), with the
-committing thread's commit: the first commit after a window has passed sends it, carrying the
-count of every job committed since the previous one. So that the last jobs of a burst are never
-left to the poll, a sender thread sends what is still pending half a window after the window
-ended, when no commit came to carry it. That thread opens its own connection only when a burst
-needs it, and closes it after :data:`IDLE_CLOSE` seconds without one. (Sending everything from
-the thread would spare the committing thread its round trip, but was measured to slow a busy
-process down more: the thread's Python work competes for the GIL with the requests.)
-
-A wake-up is only a hint. A failed one is logged at WARNING and never raised: the caller's data
-has committed. A crash between the commit and the notification costs latency, not the job: the
-workers' poll finds it.
+The jobs' writers (``enqueue``, ``enqueue_many``, requeue, run now) call :func:`jobs_ready`; the
+notification, ``"<count>:<queue>"``, is sent once their transaction has committed, as a statement
+of its own that does not wait for the WAL flush (never inside the caller's transaction: a
+``pg_notify`` there takes a cluster-wide lock at its commit). Inside ``atomic()`` an
+``on_commit`` hook sends it; in autocommit, the statement's return; under manual transaction
+management it rides in the caller's transaction. Per process, database and queue at most one is
+sent per ``WAKEUP_WINDOW``, carrying the count of every job since the previous one; a sender
+thread sends what is left once the window has passed, so the last jobs of a burst are never left
+to the poll. A failed wake-up is logged at WARNING and never raised: the poll finds the jobs.
 """
 
 import logging
@@ -84,17 +64,10 @@ def jobs_ready(using, queues):
 
 
 class _AfterCommit:
-    """The ``on_commit`` hook of one ``jobs_ready`` call (Django's public hook, nothing else).
-
-    Django runs a transaction's hooks one after another right after its commit, and drops the
-    hooks of a savepoint that rolled back. So that a transaction that called ``jobs_ready`` N
-    times sends one notification per queue, each hook carries its own counts and its place in
-    the connection's sequence of hooks: the last one registered sends everything, the ones
-    before it only leave their counts with the coalescer (:meth:`_Coalescer.defer`). Should the
-    last ones have been dropped with their savepoint, the sender thread sends the deferred
-    counts a moment later; a transaction rolled back as a whole runs none of its hooks, and the
-    next transaction's last hook is again the last registered.
-    """
+    """The ``on_commit`` hook of one ``jobs_ready`` call, carrying its own counts and its place
+    among the connection's hooks: the last one registered sends for all of the commit, the ones
+    before it leave their counts with the coalescer (:meth:`_Coalescer.defer`), which sends them
+    itself should the last ones have been dropped with a savepoint that rolled back."""
 
     __slots__ = ("channel", "connection", "counts", "seq", "using")
 
@@ -189,8 +162,7 @@ class _Coalescer:
     def _send_here(self, using, channel, payloads, now):
         connection = connections[using]
         if connection.in_atomic_block or not connection.get_autocommit():
-            # A transaction is open again (an earlier on_commit hook opened one): sending here
-            # would turn off synchronous commit for it. The sender thread sends instead.
+            # A transaction is open again (an earlier hook opened one): the sender thread sends.
             self.give_back(using, [(channel, payloads)])
             return
         sent = given = False
@@ -199,18 +171,13 @@ class _Coalescer:
             with connection.wrap_database_errors:
                 sent = wakeups.notify_if_idle(connection.connection, channel, payloads)
             if not sent:
-                # Not idle after all: a transaction opened behind Django's back (a raw BEGIN),
-                # which may hold the very jobs counted here. The sender thread sends the counts
-                # at once, for jobs of earlier commits coalesced into them (a claim too early
-                # for the others costs a claim); their wake-up also rides in that transaction,
-                # as a plain NOTIFY delivered at its commit (its synchronous commit untouched).
+                # A raw BEGIN behind Django's back, which may hold these very jobs: ride in it
+                # (delivered at its commit), and the sender thread sends the counts now too.
                 self.give_back(using, [(channel, payloads)])
                 given = True
                 wakeups.notify_at_commit(using, channel, payloads)
         except Exception as exc:  # the caller's data has committed: never raise into them
-            # The counts (other threads' and other commits' coalesced into them too) go to the
-            # sender thread, which sends them on its own connection: a broken connection here
-            # costs this thread a warning, not the jobs their wake-up.
+            # The sender thread sends the counts on its own connection instead.
             if not sent and not given:
                 self.give_back(using, [(channel, payloads)])
             logger.warning(
@@ -232,8 +199,7 @@ class _Coalescer:
         the time the next one falls due (or None)."""
         due, next_due, span = {}, None, window()
         for key, count in list(self._pending.items()):
-            # Half a window of grace: a commit arriving after the window carries the count
-            # itself, on its own connection; the thread only covers the end of a burst.
+            # Half a window of grace: a commit after the window carries the count itself.
             at = max(self._last.get(key, -math.inf) + 1.5 * span, self._deferred.get(key, 0.0))
             if at <= now:
                 del self._pending[key]
@@ -252,8 +218,7 @@ class _Coalescer:
             with self._cond:
                 now = time.monotonic()
                 due, next_due = self._take_due(now)
-                # Counts only deferred to their commit's last hook need no connection yet: that
-                # hook sends them a moment later on its own (a session opens when one is due).
+                # Counts deferred to their commit's last hook need no connection yet.
                 cold = {k[0] for k in self._pending if k not in self._deferred} - set(sessions)
                 idle = self._close_requested or (
                     not due and next_due is None and sessions and now - last_sent >= IDLE_CLOSE
@@ -337,57 +302,3 @@ def flush(timeout=5.0, *, close=False):
     until the sender thread closed its connections (tests, before dropping their database).
     Returns False if that took longer than ``timeout`` seconds."""
     return _COALESCER.flush(timeout, close=close)
-
-
-def jobs_cancelled(using, ids):
-    """Tell the workers that the running jobs ``ids`` were marked for cancellation on
-    ``using``'s current transaction: one ``"cancel:<ids>"`` notification per 200 jobs, sent
-    once that transaction commits (nothing if it rolls back), like :func:`jobs_ready` but not
-    coalesced: cancels are rare, and each one must reach its worker within milliseconds. A
-    notification that is lost is made up for by the worker's next heartbeat."""
-    from .notifications import cancel_payloads
-
-    payloads = cancel_payloads(ids)
-    if not payloads:
-        return
-    channel = get_settings().NOTIFY_CHANNEL
-    connection = connections[using]
-    if connection.in_atomic_block:
-        transaction.on_commit(lambda: _send_cancel(using, channel, payloads), using=using)
-    elif connection.get_autocommit():
-        _send_cancel(using, channel, payloads)
-    else:  # manual transaction management: ride in the caller's transaction
-        wakeups.notify_at_commit(using, channel, payloads)
-
-
-def _libpq_idle(connection):
-    """Whether Django's ``connection`` (connected here if it was not) is outside any transaction
-    in libpq too: Django's autocommit says nothing of a raw BEGIN."""
-    from psycopg import pq
-
-    connection.ensure_connection()
-    return connection.connection.pgconn.transaction_status == pq.TransactionStatus.IDLE
-
-
-def _send_cancel(using, channel, payloads):
-    connection = connections[using]
-    try:
-        if (
-            connection.in_atomic_block
-            or not connection.get_autocommit()
-            or not _libpq_idle(connection)
-        ):
-            # A transaction is open: an earlier on_commit hook opened one, or a raw BEGIN did
-            # behind Django's back (it may hold the cancel itself). Ride in it, as its commit
-            # sends it (its durability untouched).
-            wakeups.notify_at_commit(using, channel, payloads)
-        else:
-            wakeups.notify(using, channel, payloads)
-    except Exception as exc:  # the cancel has committed: never raise into the caller
-        logger.warning(
-            "dbqueue could not notify the workers of a cancel (%s) on %r: %s; their next "
-            "heartbeat tells them",
-            ", ".join(payloads),
-            using,
-            exc,
-        )

@@ -30,12 +30,13 @@ import threading
 import time
 
 from . import claiming, signals, startup
+from .cancel_notices import parse_cancel
 from .claim_timing import AGAIN, DRAINED, ClaimTiming
 from .conf import get_settings
 from .connections import DB_ERRORS, OTHER_DB_ERRORS, reset_connection
 from .execution import retry_delay
 from .inflight import Inflight
-from .notifications import Wakeup, parse_cancel, parse_named, parse_wakeup
+from .notifications import Wakeup, parse_named, parse_wakeup
 from .shutdown import install_signal_handlers, shut_down
 
 logger = logging.getLogger("django_dbqueue")

@@ -114,7 +114,7 @@ def cancel(using, ids, *, by=None):
 
 # cancel(): pending or waiting -> cancelled at once; running -> marked (cancel_requested_at),
 # and it stays running: its handler is under way, on a worker that learns of the mark from the
-# cancel notification (sent after the commit, wakeup.jobs_cancelled) or its next heartbeat,
+# cancel notification (sent after the commit, cancel_notices.jobs_cancelled) or its next heartbeat,
 # and whatever the run's outcome, the write that ends it ends it cancelled (COMPLETE_JOBS,
 # FAIL_JOB, END_CANCELLED, RESCUE_EXPIRED, the releases). Marking again keeps the first request
 # and its author. The workflow trigger cancels the jobs waiting for a cancelled one

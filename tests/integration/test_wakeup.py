@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
 
-from django_dbqueue import enqueue, store, wakeup
+from django_dbqueue import cancel_notices, enqueue, store, wakeup
 from django_dbqueue.notifications import parse_wakeup
 from tests.testapp.models import Invoice
 from tests.utils import Listener, scalar, wait_until
@@ -243,7 +243,7 @@ def test_a_cancel_in_a_transaction_opened_behind_django_s_back_rides_in_it(liste
         cursor.execute("BEGIN")
     open_ = True
     try:
-        wakeup.jobs_cancelled("default", [41, 42])
+        cancel_notices.jobs_cancelled("default", [41, 42])
         assert show_synchronous_commit() == "on", "the caller's durability untouched"
         assert listener.collect(0.2) == [], "delivered at the commit, not before"
         with connection.cursor() as cursor:

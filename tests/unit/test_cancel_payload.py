@@ -5,14 +5,8 @@ import os
 
 import pytest
 
-from django_dbqueue.notifications import (
-    CANCEL_CHUNK,
-    GroupWaker,
-    cancel_payloads,
-    parse_cancel,
-    parse_wakeup,
-    read_pipe_messages,
-)
+from django_dbqueue.cancel_notices import CANCEL_CHUNK, cancel_payloads, parse_cancel
+from django_dbqueue.notifications import GroupWaker, parse_wakeup, read_pipe_messages
 
 
 def test_payloads_are_chunked_sorted_and_short():
