@@ -25,6 +25,8 @@ class JobContext:
     __slots__ = (
         "_cancelled",
         "_on_cancel",
+        "_steps",
+        "_token",
         "attempt",
         "enqueued_at",
         "id",
@@ -66,6 +68,8 @@ class JobContext:
         # a Condition and a lock per claimed job, for the few jobs ever cancelled).
         self._cancelled = False
         self._on_cancel = None  # set while an async handler runs: cancels its task
+        self._token = None  # the run's lease token (run_handler): fences its step records
+        self._steps = None  # steps.Steps, made at the run's first step
 
     @property
     def cancelled(self):
@@ -86,6 +90,48 @@ class JobContext:
         if on_cancel is not None:
             with contextlib.suppress(RuntimeError):  # its event loop already closed
                 on_cancel()
+
+    def step(self, name, fn, *args, **kwargs):
+        """Run ``fn(*args, **kwargs)`` once per job, as the step ``name`` (docs/steps.md).
+
+        The first time, ``fn`` runs and its JSON result is recorded; when the job runs again
+        (a crash, a lease expiry, a retry), the recorded result is returned and ``fn`` does not
+        run. The result must be a JSON value (the payload rules); it is returned as decoded
+        from its record, the same on every run. A name called again in one run is a new step (``name`` #2, #3, ...). An
+        exception from ``fn`` records nothing: the step runs again on the next attempt."""
+        from . import steps
+
+        steps.check_step(name, fn)
+        if self._steps is None:
+            self._steps = steps.Steps()
+        key = self._steps.key(name)
+        found, result = steps.stored(self, key)
+        if found:
+            return result
+        return steps.record(self, key, steps.encode(name, fn(*args, **kwargs)))
+
+    async def astep(self, name, fn, *args, **kwargs):
+        """:meth:`step` for an ``async def`` handler: ``fn`` may be a coroutine function (it is
+        awaited) or a plain one (called). The records are read and written through asgiref's
+        ``sync_to_async``, as the ORM calls of an async handler are."""
+        import inspect
+
+        from asgiref.sync import sync_to_async
+
+        from . import steps
+
+        steps.check_step(name, fn)
+        if self._steps is None:
+            self._steps = steps.Steps()
+        key = self._steps.key(name)
+        found, result = await sync_to_async(steps.stored)(self, key)
+        if found:
+            return result
+        value = fn(*args, **kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+        text = steps.encode(name, value)
+        return await sync_to_async(steps.record)(self, key, text)
 
     def dependency_results(self):
         """``{dependency id: result}`` of the jobs this one waited on (docs/workflows.md): each

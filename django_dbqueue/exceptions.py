@@ -55,6 +55,12 @@ class LeaseExpired(DBQueueError):
     """Recorded (by the sweeper) for an attempt whose worker stopped renewing its lease."""
 
 
+class LeaseLost(DBQueueError):
+    """Raised in a handler by ``ctx.step`` when its run no longer holds the job: the lease
+    expired and another run claimed it. The run should end; nothing it writes about the job
+    counts any more (its completion is fenced out too)."""
+
+
 class RetryJob(Exception):
     """Raise from a handler to retry after ``delay`` seconds instead of the type's backoff.
 

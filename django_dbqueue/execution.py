@@ -27,6 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
 
 from . import registry, store, tracing
@@ -104,6 +105,7 @@ def _call_handler(job_type, ctx, loop, timeout):
 def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: False):
     """Run ``ctx``'s handler once; returns an :class:`Outcome`. Never raises."""
     job_type = registry.get(ctx.type)
+    ctx._token = token  # fences the run's step records (ctx.step)
 
     def failure(exc, **kwargs):
         return Outcome(error=error_record(exc, attempt=ctx.attempt, worker_id=worker_id), **kwargs)
@@ -348,6 +350,10 @@ class ThreadPool:
                     return
         finally:
             if loop is not None:
+                with contextlib.suppress(Exception):
+                    # The ORM calls of async handlers (and their steps, ctx.astep) ran on
+                    # asgiref's thread-sensitive executor: close that thread's connections too.
+                    loop.run_until_complete(sync_to_async(connections.close_all)())
                 loop.close()
             close_side_connections()
             connections.close_all()

@@ -70,6 +70,7 @@ from .schedule import (
     schedule_status,
 )
 from .schema import applied_migrations, missing_tables
+from .steps import list_steps, load_steps, save_step
 from .workers import announce_worker, forget_expired_workers, live_workers, withdraw_worker
 from .workflows import dependency_results, insert_workflow, workflow_neighbours
 
@@ -115,7 +116,9 @@ __all__ = [
     "insert_unique_job",
     "insert_workflow",
     "int_array",
+    "list_steps",
     "live_workers",
+    "load_steps",
     "lock_schedule",
     "lock_schedule_entry",
     "lock_schedule_entry_for_edit",
@@ -137,6 +140,7 @@ __all__ = [
     "resume_queue",
     "rollup_minute",
     "run_now",
+    "save_step",
     "schedule_state",
     "schedule_status",
     "settle_deliveries",

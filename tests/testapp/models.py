@@ -49,3 +49,21 @@ class SerialRun(models.Model):
 
     def __str__(self):
         return f"job {self.job_id} key {self.key}"
+
+
+class StepBody(models.Model):
+    """One row per start and per end of a step's body (tests/testapp/step_jobs.py): how tests
+    count the runs of each step."""
+
+    job_id = models.BigIntegerField()
+    step = models.CharField(max_length=200)
+    attempt = models.IntegerField()
+    phase = models.CharField(max_length=5)  # "start" or "end"
+    pid = models.IntegerField()
+    at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "testapp_step_body"
+
+    def __str__(self):
+        return f"job {self.job_id} step {self.step} {self.phase}"

@@ -1,0 +1,46 @@
+"""``JobStep``: the finished steps of a job's runs (``ctx.step``, steps.py)."""
+
+from django.db import models
+from django.db.models.functions import Now
+
+from .jobs import BackgroundJob
+
+
+class JobStep(models.Model):
+    """A step of a job that finished: its JSON result, stored so that a later run of the job
+    returns it instead of running the step again.
+
+    A step is named by ``name`` and ``occurrence`` (the n-th call of that name in one run, from
+    1). No foreign key in the database (retention deletes jobs with plain SQL): a job's steps are
+    deleted with it.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        BackgroundJob,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # the unique constraint's index serves the job's lookups
+        related_name="steps",
+    )
+    name = models.CharField(max_length=200)
+    occurrence = models.PositiveIntegerField(default=1)
+    result = models.JSONField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(help_text="The attempt whose run finished the step.")
+    finished_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "dbqueue_step"
+        verbose_name = "job step"
+        verbose_name_plural = "job steps"
+        ordering = ["job", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "name", "occurrence"], name="dbqueue_step_uniq"),
+            models.CheckConstraint(
+                condition=models.Q(occurrence__gte=1), name="dbqueue_step_occurrence_valid"
+            ),
+        ]
+
+    def __str__(self):
+        suffix = "" if self.occurrence == 1 else f" #{self.occurrence}"
+        return f"{self.name}{suffix} of job #{self.job_id}"

@@ -1,0 +1,205 @@
+"""Durable steps (ctx.step): a finished step is recorded once and replayed, never run again, on
+the job's later runs; a failed one runs again; the record is fenced by the run's lease and goes
+with its job under retention. In-process workers against the real database; the kill -9 proof
+with real worker processes is tests/acceptance/test_steps_kill.py."""
+
+import json
+
+import pytest
+from django.db import connection
+
+from django_dbqueue import InvalidArgument, LeaseLost, enqueue, store
+from django_dbqueue.context import JobContext
+from django_dbqueue.steps import MAX_NAME
+from tests.testapp.step_jobs import STEPS
+from tests.utils import job_row, scalar, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_state(job_id, state, timeout=15):
+    wait_until(
+        lambda: job_row(job_id)["state"] == state, timeout=timeout, message=f"job {job_id} {state}"
+    )
+    return job_row(job_id)
+
+
+def bodies(job_id):
+    """``{(step, phase): [attempt, ...]}`` of the job's step bodies."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT step, phase, attempt FROM testapp_step_body WHERE job_id = %s ORDER BY id",
+            [job_id],
+        )
+        out = {}
+        for step, phase, attempt in cursor.fetchall():
+            out.setdefault((step, phase), []).append(attempt)
+        return out
+
+
+def steps_of(job_id):
+    return [(name, n, attempt) for name, n, attempt, _, _ in store.list_steps("default", job_id)]
+
+
+def test_a_retry_replays_the_finished_steps_and_reruns_the_failed_one(start_worker):
+    job_id = enqueue("five-steps", {"fail_in": "ship"}).id
+    start_worker()
+    row = wait_state(job_id, "done")
+    assert row["attempts"] == 2
+    # reserve, charge, wait-warehouse finished on attempt 1: replayed, their results kept.
+    assert row["result"] == [1, 1, 1, 2, 2]
+    got = bodies(job_id)
+    for step in ("reserve", "charge", "wait-warehouse"):
+        assert got[(step, "start")] == [1] and got[(step, "end")] == [1], step
+    assert got[("ship", "start")] == [1, 2] and got[("ship", "end")] == [2]
+    assert got[("email", "start")] == [2] and got[("email", "end")] == [2]
+    assert steps_of(job_id) == [
+        ("reserve", 1, 1),
+        ("charge", 1, 1),
+        ("wait-warehouse", 1, 1),
+        ("ship", 1, 2),
+        ("email", 1, 2),
+    ]
+
+
+def test_a_name_called_again_in_one_run_is_a_new_step(start_worker):
+    job_id = enqueue("loop-steps", {"items": [1, 2, 3], "fail_after": True}).id
+    start_worker()
+    row = wait_state(job_id, "done")
+    assert (row["attempts"], row["result"]) == (2, [2, 4, 6])
+    got = bodies(job_id)
+    assert {step: got[(step, "end")] for step in ("item:1", "item:2", "item:3")} == {
+        "item:1": [1],
+        "item:2": [1],
+        "item:3": [1],
+    }
+    assert steps_of(job_id) == [("item", 1, 1), ("item", 2, 1), ("item", 3, 1)]
+
+
+def test_async_steps_replay_their_json_results(start_worker):
+    job_id = enqueue("async-steps", {}).id
+    start_worker()
+    row = wait_state(job_id, "done")
+    # The same JSON form on the run that ran the step and on the one that replayed it.
+    assert (row["attempts"], row["result"]) == (2, [42, {"list": [1, 2]}])
+    assert [s[:2] for s in steps_of(job_id)] == [("double", 1), ("sync", 1)]
+
+
+def test_an_atomic_handler_s_step_rolls_back_with_it(start_worker):
+    job_id = enqueue("atomic-steps", {}).id
+    start_worker()
+    row = wait_state(job_id, "done")
+    assert row["attempts"] == 2
+    # Attempt 1's body rows and its step record rolled back with its transaction.
+    assert bodies(job_id) == {("write", "start"): [2], ("write", "end"): [2]}
+    assert steps_of(job_id) == [("write", 1, 2)]
+    assert row["result"] == {"step": "write", "attempt": 2}
+
+
+def test_a_step_result_that_is_not_json_sends_the_job_to_the_dead_letters(start_worker):
+    from django_dbqueue import job
+
+    @job("step-bad-result")
+    def bad(ctx):
+        return ctx.step("make-set", lambda: {1, 2})
+
+    job_id = enqueue("step-bad-result", {}).id
+    start_worker()
+    row = wait_state(job_id, "dead")
+    assert row["attempts"] == 1  # found after its effects: not repeated
+    assert "step 'make-set'" in row["errors"][-1]["message"]
+    assert steps_of(job_id) == []
+
+
+def _ctx(job_id, token, attempt=1):
+    class Row:
+        pass
+
+    row = Row()
+    for name, value in {
+        "id": job_id,
+        "type": "noop",
+        "queue": "default",
+        "payload": {},
+        "attempt": attempt,
+        "max_attempts": 3,
+        "lease_seconds": 60.0,
+        "idempotency_key": None,
+        "priority": 0,
+        "created_at": None,
+        "wait": 0.0,
+        "traceparent": None,
+    }.items():
+        setattr(row, name, value)
+    ctx = JobContext(row, worker_id="test", using="default")
+    ctx._token = token
+    return ctx
+
+
+def _hold(job_id, token):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dbqueue_job SET state = 'running', lease_token = %s, attempts = 1,"
+            " leased_until = now() + interval '1 minute' WHERE id = %s",
+            [token, job_id],
+        )
+
+
+def test_a_run_that_lost_its_lease_records_nothing_and_is_told():
+    job_id = enqueue("noop", {}).id
+    _hold(job_id, 111)
+    calls = []
+    stale = _ctx(job_id, token=999)  # another claim's token: this run lost the job
+    with pytest.raises(LeaseLost, match="no longer holds the job"):
+        stale.step("charge", lambda: calls.append(1) or "ok")
+    assert calls == [1]  # it ran (the run did not know), but nothing was recorded
+    assert steps_of(job_id) == []
+    holder = _ctx(job_id, token=111)
+    assert holder.step("charge", lambda: "ok") == "ok"
+    assert steps_of(job_id) == [("charge", 1, 1)]
+    # A later run of the holder's job replays it without calling the function.
+    assert _ctx(job_id, token=111, attempt=2).step("charge", lambda: 1 / 0) == "ok"
+
+
+def test_bad_step_arguments_are_named_before_anything_runs():
+    job_id = enqueue("noop", {}).id
+    _hold(job_id, 5)
+    ctx = _ctx(job_id, token=5)
+    with pytest.raises(InvalidArgument, match="non-empty string"):
+        ctx.step("", lambda: 1)
+    with pytest.raises(InvalidArgument, match="non-empty string"):
+        ctx.step(7, lambda: 1)
+    with pytest.raises(InvalidArgument, match=f"at most {MAX_NAME}"):
+        ctx.step("x" * (MAX_NAME + 1), lambda: 1)
+    with pytest.raises(TypeError, match="must be callable"):
+        ctx.step("ok", "not a function")
+    assert steps_of(job_id) == []
+    # A None result is recorded too, and replayed as None without running.
+    assert ctx.step("nothing", lambda: None) is None
+    assert _ctx(job_id, token=5).step("nothing", lambda: 1 / 0) is None
+
+
+def test_retention_and_delete_take_a_job_s_steps_with_it(start_worker):
+    kept = enqueue("five-steps", {}).id
+    pruned = enqueue("five-steps", {}).id
+    start_worker()
+    wait_state(kept, "done")
+    wait_state(pruned, "done")
+    assert len(steps_of(pruned)) == len(STEPS)
+    assert store.delete_finished("default", [pruned]) == {pruned}
+    assert scalar("SELECT count(*) FROM dbqueue_step WHERE job_id = %s", [pruned]) == 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dbqueue_job SET finished_at = now() - interval '2 days' WHERE id = %s", [kept]
+        )
+    assert store.prune("default", state="done", age=86400, limit=10) == 1
+    assert scalar("SELECT count(*) FROM dbqueue_step WHERE job_id = %s", [kept]) == 0
+
+
+def test_list_steps_returns_results_as_json_text(start_worker):
+    job_id = enqueue("five-steps", {}).id
+    start_worker()
+    wait_state(job_id, "done")
+    name, n, attempt, finished_at, result = store.list_steps("default", job_id)[0]
+    assert (name, n, attempt) == ("reserve", 1, 1) and finished_at is not None
+    assert json.loads(result) == {"step": "reserve", "attempt": 1}
