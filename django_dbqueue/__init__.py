@@ -19,6 +19,8 @@ from .exceptions import (
     NotMigrated,
     PayloadError,
     RetryJob,
+    SignalTimeout,
+    Snooze,
     UnknownDatabase,
     UnknownJobType,
     UnsupportedDatabase,
@@ -27,6 +29,7 @@ from .flow import UnknownQueue, pause_queue, resume_queue
 from .registry import job
 from .schedule_entries import schedule_job, unschedule_job, update_schedule
 from .schedule_parser import ScheduleError
+from .steps import signal_job
 from .workflow import Workflow, WorkflowJob, chain, group, workflow
 
 __version__ = "0.1.0.dev0"
@@ -48,6 +51,8 @@ __all__ = [
     "PayloadError",
     "RetryJob",
     "ScheduleError",
+    "SignalTimeout",
+    "Snooze",
     "UnknownDatabase",
     "UnknownJobType",
     "UnknownQueue",
@@ -66,6 +71,7 @@ __all__ = [
     "resume_queue",
     "schedule_job",
     "settle_delivery",
+    "signal_job",
     "unschedule_job",
     "update_schedule",
     "workflow",

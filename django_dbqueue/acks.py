@@ -30,18 +30,29 @@ class _Failure:
     unknown_type: bool = False
     duration: float | None = None  # seconds the run took, for the outcome's signal
     cancelled: bool = False  # the run stopped because it was cancelled (error is None)
+    snooze: object = None  # the Outcome of a snooze or a durable wait (error is None)
     tries: int = 0  # writes refused for a reason other than the connection
 
 
 class Acknowledger:
     MAX_OTHER_ERRORS = 5  # a write that keeps failing for a reason other than the connection
 
-    def __init__(self, *, worker_id, batch, async_commit, unknown_type_delay, unknown_type_grace):
+    def __init__(
+        self,
+        *,
+        worker_id,
+        batch,
+        async_commit,
+        unknown_type_delay,
+        unknown_type_grace,
+        max_snoozes=1000,
+    ):
         self.worker_id = worker_id
         self.batch = batch
         self.async_commit = async_commit
         self.unknown_type_delay = unknown_type_delay
         self.unknown_type_grace = unknown_type_grace
+        self.max_snoozes = max_snoozes
         self._lock = threading.Lock()
         self._done = []  # (entry, result_json, duration)
         self._failed: list[_Failure] = []
@@ -53,6 +64,7 @@ class Acknowledger:
         self.dead = 0
         self.deferred = 0
         self.cancelled = 0
+        self.snoozed = 0  # snoozes and durable waits written
 
     # -- called by handler threads -------------------------------------------------------------
     def succeed(self, entry, result_json=None, duration=None):
@@ -107,6 +119,10 @@ class Acknowledger:
             self.succeed(entry, outcome.result, duration=duration)
         elif kind == "cancelled":
             self.cancel(entry, duration=duration)
+        elif kind in ("snooze", "wait"):
+            with self._lock:
+                self._failed.append(_Failure(entry, None, outcome.delay, snooze=outcome))
+            self.on_ready()
         else:
             self.fail(
                 entry,
@@ -242,6 +258,8 @@ class Acknowledger:
             if failure.cancelled:
                 cancelled_by = store.end_cancelled(db, job_id=ctx.id, token=entry.token)
                 state = None if cancelled_by is None else "cancelled"
+            elif failure.snooze is not None:
+                return self._write_snooze(db, failure)
             elif failure.unknown_type:
                 state = store.defer_unknown_type(
                     db,
@@ -290,6 +308,54 @@ class Acknowledger:
                 self._fenced(entry, "failure")
                 return False
         self._report_failure(failure, state, cancelled_by)
+        return True
+
+    def _write_snooze(self, db, failure):
+        """A snooze or a durable wait: back to pending without spending the attempt. A snooze
+        past ``max_snoozes`` is written as a failed attempt (``SnoozeLimit``) instead."""
+        entry, ctx, o = failure.entry, failure.entry.ctx, failure.snooze
+        row = store.snooze(
+            db,
+            job_id=ctx.id,
+            token=entry.token,
+            until=o.until,
+            delay=o.delay,
+            counts=o.kind == "snooze",
+            limit=self.max_snoozes,
+            reason=o.reason,
+            seen=o.seen,
+        )
+        if row is None:
+            state, token = store.read_back(db, [ctx.id]).get(ctx.id, (None, None))
+            if token != entry.token or state != "running":
+                self._fenced(entry, "snooze")
+                return False
+            # Still running under this run: past MAX_SNOOZES. A failed attempt, so that a job
+            # that snoozes for ever ends in the dead letters, where a person sees it.
+            failure.snooze = None
+            failure.error = {
+                "attempt": ctx.attempt,
+                "class": "SnoozeLimit",
+                "message": f"the job snoozed {self.max_snoozes} times (MAX_SNOOZES); this "
+                "snooze counts as a failed attempt",
+                "traceback": "",
+                "worker": self.worker_id,
+            }
+            return self._write_failure(db, failure)
+        state, run_after, cancelled_by = row
+        if state == "cancelled":
+            self._report_cancelled(ctx, cancelled_by or "", None, failure.duration)
+            return True
+        with self._lock:
+            self.snoozed += 1
+        logger.info(
+            "dbqueue %s job=%s type=%s attempt=%s until %s (the attempt is not spent)",
+            "snoozed" if o.kind == "snooze" else f"job waits ({o.reason})",
+            ctx.id,
+            ctx.name,
+            ctx.attempt,
+            run_after,
+        )
         return True
 
     def _report_cancelled(self, ctx, cancelled_by, error, duration):

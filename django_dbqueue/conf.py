@@ -23,6 +23,7 @@ DEFAULTS = {
     "LEASE": 60.0,  # seconds a claim holds a job before the sweeper may take it back
     "HEARTBEAT_INTERVAL": 10.0,  # seconds between lease extensions of running jobs
     "MAX_ATTEMPTS": 10,  # claims before a failing job is dead
+    "MAX_SNOOZES": 1000,  # snoozes (Snooze) of one job before a snooze counts as a failure
     "BACKOFF_BASE": 2.0,  # seconds: ceiling of the first retry delay
     "BACKOFF_FACTOR": 2.0,  # growth of the ceiling per attempt
     "BACKOFF_CAP": 3600.0,  # seconds: largest retry delay
@@ -131,6 +132,7 @@ RULES = {
         lambda v: _valid(validation.max_attempts, v),
         f"an integer from 1 to {validation.INT32_MAX}",
     ),
+    "MAX_SNOOZES": bounded("an integer", minimum=0, integer=True, maximum=2_000_000_000),
     "BACKOFF_BASE": bounded("a number of seconds", minimum=0, exclusive=True),
     "BACKOFF_FACTOR": bounded("a number", minimum=1),
     "BACKOFF_CAP": bounded("a number of seconds", minimum=0, exclusive=True),

@@ -133,6 +133,53 @@ class JobContext:
         text = steps.encode(name, value)
         return await sync_to_async(steps.record)(self, key, text)
 
+    def snooze(self, seconds):
+        """``return ctx.snooze(seconds)``: run the job again after ``seconds`` without spending
+        an attempt (the same as ``raise Snooze(seconds)``)."""
+        from .exceptions import Snooze
+
+        return Snooze(seconds)
+
+    def sleep(self, name, seconds):
+        """A durable sleep (docs/steps.md): the first time, end this run and run the job again
+        in ``seconds`` (no thread, no limit slot and no attempt are held meanwhile); on that
+        run the finished steps replay, and the sleep returns once its time has passed. ``name``
+        names the sleep among the job's waits. Not inside a transaction."""
+        from . import steps
+
+        steps.sleep(self, name, seconds=seconds)
+
+    def sleep_until(self, name, when):
+        """:meth:`sleep` until the aware datetime ``when``."""
+        from . import steps
+
+        steps.sleep(self, name, until=when)
+
+    def wait_for_signal(self, name, timeout=None):
+        """Wait, holding no worker, for a signal ``name`` sent with ``signal_job(job_id,
+        name, payload)``; returns its payload (decoded JSON). A signal sent before the wait is
+        kept; the n-th wait of a name takes the n-th signal of that name. Past ``timeout``
+        seconds (None: no timeout) raises ``SignalTimeout``. Not inside a transaction."""
+        from . import steps
+
+        return steps.wait_for_signal(self, name, timeout)
+
+    async def asleep(self, name, seconds):
+        """:meth:`sleep` for an ``async def`` handler."""
+        from asgiref.sync import sync_to_async
+
+        from . import steps
+
+        await sync_to_async(steps.sleep)(self, name, seconds=seconds)
+
+    async def await_signal(self, name, timeout=None):
+        """:meth:`wait_for_signal` for an ``async def`` handler."""
+        from asgiref.sync import sync_to_async
+
+        from . import steps
+
+        return await sync_to_async(steps.wait_for_signal)(self, name, timeout)
+
     def dependency_results(self):
         """``{dependency id: result}`` of the jobs this one waited on (docs/workflows.md): each
         one's decoded return value, ``None`` for a handler that returned nothing or for a

@@ -3,6 +3,8 @@
 from django.core.exceptions import ImproperlyConfigured
 from django.db import ProgrammingError
 
+MAX_WAIT = 10 * 366 * 86400.0  # seconds: the longest snooze or durable sleep
+
 
 class DBQueueError(Exception):
     """Root of every error django-dbqueue raises."""
@@ -59,6 +61,33 @@ class LeaseLost(DBQueueError):
     """Raised in a handler by ``ctx.step`` when its run no longer holds the job: the lease
     expired and another run claimed it. The run should end; nothing it writes about the job
     counts any more (its completion is fenced out too)."""
+
+
+class Snooze(Exception):
+    """Raise from a handler (or return ``ctx.snooze(seconds)``) to run the job again after
+    ``seconds`` without spending an attempt. A job snoozes at most ``MAX_SNOOZES`` times
+    (1,000 by default): past that, a snooze counts as a failed attempt (``SnoozeLimit``)."""
+
+    def __init__(self, seconds=0.0, reason=""):
+        if hasattr(seconds, "total_seconds"):
+            seconds = seconds.total_seconds()
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 <= seconds <= MAX_WAIT
+        ):
+            raise InvalidArgument(
+                f"Snooze(seconds): a number of seconds from 0 to {MAX_WAIT:g} "
+                f"(10 years), got {seconds!r}"
+            )
+        self.seconds = float(seconds)
+        self.reason = reason
+        super().__init__(reason or f"snoozed for {self.seconds:g}s")
+
+
+class SignalTimeout(DBQueueError, TimeoutError):
+    """Raised in a handler by ``ctx.wait_for_signal(name, timeout=...)`` when the wait's
+    timeout passed before the signal came."""
 
 
 class RetryJob(Exception):

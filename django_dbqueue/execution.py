@@ -32,8 +32,9 @@ from django.db import DatabaseError, connections, transaction
 
 from . import registry, store, tracing
 from .connections import close_side_connections, discard_connection
-from .exceptions import DiscardJob, JobCancelled, RetryJob
+from .exceptions import DiscardJob, JobCancelled, RetryJob, Snooze
 from .outcomes import ResultError, clamp_delay, encode_result, error_record
+from .steps import Suspend
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -42,9 +43,9 @@ logger = logging.getLogger("django_dbqueue")
 class Outcome:
     """What one run came to. ``kind``: success, committed (an atomic run wrote its own
     completion), fenced (an atomic run lost its lease and rolled back), retry, dead, unknown
-    (no handler for the type on this worker), crashed (a child process died under it), or
+    (no handler for the type on this worker), crashed (a child process died under it),
     cancelled (the run stopped because the job was cancelled: ``JobCancelled``, or an async
-    handler's task cancelled)."""
+    handler's task cancelled), snooze (``Snooze``) or wait (a durable wait, steps.py)."""
 
     kind: str
     result: str | None = None
@@ -54,6 +55,12 @@ class Outcome:
     # An atomic run's completion that ended the job cancelled (its cancel was asked for while
     # it ran): who asked ('' when nobody is recorded); None when it ended done.
     cancelled_by: str | None = None
+    # A snooze (kind "snooze": Snooze, counts against MAX_SNOOZES; delay in seconds) or a
+    # durable wait (until: a database time; reason: what it waits for; seen: the signal_seq the
+    # wait saw).
+    until: object = None
+    reason: str | None = None
+    seen: int | None = None
 
 
 class _FencedOut(Exception):
@@ -120,7 +127,10 @@ def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: Fals
     try:
         if job_type.atomic:
             with transaction.atomic(using=ctx.using):
-                result_json = encode_result(_call(job_type, ctx, loop, job_type.timeout))
+                result = _call(job_type, ctx, loop, job_type.timeout)
+                if isinstance(result, Snooze):
+                    raise result  # its writes roll back, as for a raised one
+                result_json = encode_result(result)
                 ended = (
                     {}
                     if given_up()
@@ -130,9 +140,16 @@ def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: Fals
                     raise _FencedOut
             return Outcome("committed", cancelled_by=ended[ctx.id])
         result = _call(job_type, ctx, loop, job_type.timeout)
+        if isinstance(result, Snooze):
+            return Outcome("snooze", delay=result.seconds)
         return Outcome("success", result=encode_result(result))
     except _FencedOut:
         return Outcome("fenced")
+    except Snooze as exc:
+        return Outcome("snooze", delay=exc.seconds)
+    except Suspend as exc:
+        # As text: a process-mode child sends its outcome as JSON.
+        return Outcome("wait", until=exc.until.isoformat(), reason=exc.reason, seen=exc.seen)
     except JobCancelled:
         # Not a failure: the job ends cancelled (an atomic run's writes rolled back above).
         return Outcome("cancelled")

@@ -41,6 +41,7 @@ def assemble(w, conf, *, waker):
         async_commit=w.async_commit,
         unknown_type_delay=conf.UNKNOWN_TYPE_DELAY,
         unknown_type_grace=conf.UNKNOWN_TYPE_GRACE,
+        max_snoozes=conf.MAX_SNOOZES,
     )
     w.acks.on_ready = w._on_ack
     w.heartbeat = Heartbeat(w)

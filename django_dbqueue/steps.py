@@ -13,14 +13,30 @@ step's return and its record's commit runs the step again, so an external effect
 still wants a delivery record (deliveries.py). docs/steps.md has the guarantees and their limits.
 """
 
+import datetime
 import json
 import threading
 
+from django.db import connections
+
 from . import payloads, store, validation
-from .exceptions import InvalidArgument, LeaseLost
+from .exceptions import MAX_WAIT, InvalidArgument, LeaseLost, SignalTimeout
 from .outcomes import ResultError
 
 MAX_NAME = 200  # dbqueue_step.name is varchar(200)
+SLEEP, SIGNAL = "sleep:", "signal:"  # the records of durable waits, named apart from steps
+# A wait for a signal without a timeout is due at this time (and at once when the signal comes).
+NEVER = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)
+
+
+class Suspend(BaseException):
+    """A durable wait ends the run here (ctx.sleep, ctx.wait_for_signal): the job goes back to
+    pending, its attempt not spent, due at ``until``. A BaseException, so that a handler's
+    ``except Exception`` does not swallow it."""
+
+    def __init__(self, until, reason, seen=None):
+        super().__init__(reason)
+        self.until, self.reason, self.seen = until, reason, seen
 
 
 class Steps:
@@ -47,16 +63,18 @@ class Steps:
         return self._recorded
 
 
-def check_step(name, fn):
-    """A clear error for a bad step name or function, before anything runs."""
+def check_name(where, name, limit=MAX_NAME):
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgument(
-            f"ctx.step(): the step's name must be a non-empty string, got {validation.shown(name)}"
+            f"{where}: the name must be a non-empty string, got {validation.shown(name)}"
         )
-    if len(name) > MAX_NAME:
-        raise InvalidArgument(
-            f"ctx.step(): the step's name is {len(name)} characters long; at most {MAX_NAME}"
-        )
+    if len(name) > limit:
+        raise InvalidArgument(f"{where}: the name is {len(name)} characters long; at most {limit}")
+
+
+def check_step(name, fn):
+    """A clear error for a bad step name or function, before anything runs."""
+    check_name("ctx.step()", name)
     if not callable(fn):
         raise TypeError(f"ctx.step({name!r}, fn): fn must be callable, got {validation.shown(fn)}")
 
@@ -104,3 +122,123 @@ def record(ctx, key, text):
     result_text, _inserted = row
     ctx._steps.recorded(ctx)[key] = result_text
     return decode(result_text)
+
+
+def _runs(ctx):
+    if ctx._steps is None:
+        ctx._steps = Steps()
+    return ctx._steps
+
+
+def _outside_transactions(ctx, where):
+    if connections[ctx.using].in_atomic_block:
+        raise InvalidArgument(
+            f"{where} cannot wait inside a transaction (an atomic handler, or "
+            "transaction.atomic()): the run ends at the wait, and the transaction would roll "
+            "back the record of when the wait began, so it would never end"
+        )
+
+
+def _seconds(where, value, *, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if hasattr(value, "total_seconds"):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= MAX_WAIT:
+        raise InvalidArgument(
+            f"{where}: a number of seconds from 0 to {MAX_WAIT:g} (10 years)"
+            f"{', or None' if allow_none else ''}, got {validation.shown(value)}"
+        )
+    return float(value)
+
+
+def _time(text):
+    return datetime.datetime.fromisoformat(text)
+
+
+def sleep(ctx, name, *, seconds=None, until=None):
+    """``ctx.sleep`` and ``ctx.sleep_until``: the first time, record when the sleep ends; while
+    the database's clock is before that, end the run (:class:`Suspend`); after it, return."""
+    where = "ctx.sleep()" if until is None else "ctx.sleep_until()"
+    check_name(where, name, MAX_NAME - len(SLEEP))
+    if until is None:
+        seconds = _seconds(where, seconds)
+    elif not isinstance(until, datetime.datetime) or until.tzinfo is None:
+        raise InvalidArgument(
+            f"{where}: an aware datetime (with its time zone), got {validation.shown(until)}"
+        )
+    _outside_transactions(ctx, where)
+    key = _runs(ctx).key(SLEEP + name)
+    found, value = stored(ctx, key)
+    now = store.db_now(ctx.using)
+    if found:
+        ends = _time(value["until"])
+    else:
+        ends = until if until is not None else now + datetime.timedelta(seconds=seconds)
+        record(ctx, key, encode(name, {"until": ends.isoformat()}))
+    if now < ends:
+        raise Suspend(ends, SLEEP + name)
+
+
+def wait_for_signal(ctx, name, timeout=None):
+    """``ctx.wait_for_signal``: the payload of the job's n-th signal ``name`` for its n-th wait
+    of that name; until it comes, end the run (:class:`Suspend`), due at the timeout or when the
+    signal comes; past the timeout, :class:`SignalTimeout`."""
+    where = "ctx.wait_for_signal()"
+    check_name(where, name, MAX_NAME - len(SIGNAL))
+    timeout = _seconds(where, timeout, allow_none=True)
+    _outside_transactions(ctx, where)
+    key = _runs(ctx).key(SIGNAL + name)
+    has_signal, payload, seen, now = store.read_signal(
+        ctx.using, job_id=ctx.id, name=name, seq=key[1]
+    )
+    if has_signal:
+        return decode(payload)
+    found, value = stored(ctx, key)
+    if found:
+        deadline = value["deadline"] and _time(value["deadline"])
+    else:
+        deadline = None if timeout is None else now + datetime.timedelta(seconds=timeout)
+        record(ctx, key, encode(name, {"deadline": deadline and deadline.isoformat()}))
+    if deadline is not None and now >= deadline:
+        raise SignalTimeout(
+            f"job #{ctx.id}: no signal {name!r} came before the wait's deadline, "
+            f"{deadline.isoformat()}"
+        )
+    raise Suspend(NEVER if deadline is None else deadline, SIGNAL + name, seen=seen)
+
+
+def signal_job(job_id, name, payload=None, *, using=None):
+    """Send the signal ``name`` with the JSON ``payload`` to the job ``job_id`` (an id or an
+    ``EnqueuedJob``), in the caller's transaction, like ``enqueue``: it is kept until the job's
+    ``ctx.wait_for_signal(name)`` takes it (the n-th signal of a name goes to the n-th wait of
+    it), and a job waiting for it is due at once and its workers are woken after the commit.
+    Returns the signal's number among the job's signals of that name, or None when the job does
+    not exist or has finished (nothing is stored)."""
+    from django.db import transaction
+
+    from . import wakeup
+    from .jobspec import EnqueuedJob, database
+
+    if isinstance(job_id, EnqueuedJob):
+        job_id = job_id.id
+    problem = validation.job_id_problem(job_id)
+    if problem is not None:
+        raise InvalidArgument(
+            f"signal_job(): job_id must be a job id (an int from 1 to 2**63-1) or an "
+            f"EnqueuedJob, got {validation.shown(job_id)}"
+        )
+    check_name("signal_job()", name, MAX_NAME - len(SIGNAL))
+    try:
+        text = None if payload is None else payloads.dumps(payload, "payload")
+    except payloads.PayloadError as exc:
+        raise type(exc)(f"signal_job(): {exc}") from None
+    using = database(using)
+    with transaction.atomic(using=using):  # the job's row lock orders concurrent signals
+        sent = store.signal_job(using, job_id=job_id, name=name, payload=text)
+    if sent is None:
+        return None
+    queue, due, seq = sent
+    if due:
+        wakeup.jobs_ready(using, [queue])
+    return seq

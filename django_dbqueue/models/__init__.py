@@ -11,7 +11,7 @@ the same with ten finished rows or ten million.
 - flow.py: ``QueueState``, ``Limiter`` (pause, concurrency and rate limits)
 - rollup.py: ``DepthSample``, ``FinishedMinute`` (the dashboard's history)
 - workers.py: ``WorkerRecord`` (the worker registry)
-- steps.py: ``JobStep`` (the finished steps of a job's runs)
+- steps.py: ``JobStep`` (the finished steps of a job's runs), ``JobSignal`` (signals to jobs)
 - fields.py: the PostgreSQL array columns the migrations name as ``django_dbqueue.models.X``
 
 ``__all__`` is as before the split; the fields, ``UNIQUE_HELD``, ``CatchUp``, ``ScheduleEntry`` and
@@ -33,7 +33,7 @@ from .rollup import DepthSample, FinishedMinute
 from .schedules import CatchUp as CatchUp
 from .schedules import ScheduleEntry as ScheduleEntry
 from .schedules import ScheduleState
-from .steps import JobStep
+from .steps import JobSignal, JobStep
 from .workers import WorkerRecord
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "DepthSample",
     "FinishedMinute",
     "JobDelivery",
+    "JobSignal",
     "JobState",
     "JobStep",
     "Limiter",

@@ -72,6 +72,18 @@ class BackgroundJob(models.Model):
     # Serial key (docs/concepts/keys.md): jobs sharing it never run at the same time, and run in
     # enqueue (id) order; enforced by the claim (store.claiming.CLAIM_JOBS).
     serial_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
+    # Snoozes and durable waits (docs/steps.md): how many times a handler snoozed (``Snooze``:
+    # back to pending without spending an attempt; bounded by MAX_SNOOZES), and what a pending
+    # job waits for ("sleep:<name>", "signal:<name>"), valid while ``wait_token`` equals
+    # ``lease_token`` (the run that began the wait; any later claim changes the token, so a job
+    # that went back to pending another way never shows a stale wait). ``signal_seq`` counts the
+    # signals sent to the job: a wait that began before a signal it had not seen is due at once.
+    snoozes = models.PositiveIntegerField(db_default=0, default=0, editable=False)
+    wait_reason = models.CharField(  # noqa: DJ001
+        max_length=210, null=True, blank=True, editable=False
+    )
+    wait_token = models.BigIntegerField(null=True, blank=True, editable=False)
+    signal_seq = models.PositiveIntegerField(db_default=0, default=0, editable=False)
 
     class Meta:
         db_table = "dbqueue_job"

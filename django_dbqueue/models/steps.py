@@ -44,3 +44,34 @@ class JobStep(models.Model):
     def __str__(self):
         suffix = "" if self.occurrence == 1 else f" #{self.occurrence}"
         return f"{self.name}{suffix} of job #{self.job_id}"
+
+
+class JobSignal(models.Model):
+    """A signal sent to a job (``signal_job``): the ``seq``-th of its ``name``, consumed by the
+    job's ``seq``-th ``ctx.wait_for_signal(name)``. Kept until the job is deleted, so a wait
+    that is replayed returns the same payload."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        BackgroundJob,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # the unique constraint's index serves the job's lookups
+        related_name="signals",
+    )
+    name = models.CharField(max_length=200)
+    seq = models.PositiveIntegerField()
+    payload = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = "dbqueue_signal"
+        verbose_name = "job signal"
+        verbose_name_plural = "job signals"
+        ordering = ["job", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "name", "seq"], name="dbqueue_signal_uniq"),
+        ]
+
+    def __str__(self):
+        return f"{self.name} #{self.seq} to job #{self.job_id}"

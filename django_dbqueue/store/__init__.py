@@ -24,6 +24,7 @@ from .completion import (
     fail,
     fail_job,
     read_back,
+    snooze,
 )
 from .dashboard import (
     dashboard_clock,
@@ -70,7 +71,7 @@ from .schedule import (
     schedule_status,
 )
 from .schema import applied_migrations, missing_tables
-from .steps import list_steps, load_steps, save_step
+from .steps import db_now, list_steps, load_steps, read_signal, save_step, signal_job
 from .workers import announce_worker, forget_expired_workers, live_workers, withdraw_worker
 from .workflows import dependency_results, insert_workflow, workflow_neighbours
 
@@ -97,6 +98,7 @@ __all__ = [
     "dashboard_finished",
     "dashboard_waits",
     "dashboard_workers",
+    "db_now",
     "dead_ids",
     "defer_unknown_type",
     "delete_finished",
@@ -130,6 +132,7 @@ __all__ = [
     "prune_rollup",
     "rate_window",
     "read_back",
+    "read_signal",
     "release",
     "release_ending",
     "release_unknown",
@@ -145,6 +148,8 @@ __all__ = [
     "schedule_status",
     "settle_deliveries",
     "settle_delivery",
+    "signal_job",
+    "snooze",
     "status",
     "task_result_row",
     "text_array",

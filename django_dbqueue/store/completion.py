@@ -287,3 +287,48 @@ def read_back(using, ids):
     """``{id: (state, lease_token)}`` of the jobs that still exist."""
     rows = _execute(using, READ_BACK_JOBS, {"ids": list(ids)})
     return {job_id: (state, token) for job_id, state, token in rows}
+
+
+# A run that snoozed (``Snooze``) or began a durable wait (ctx.sleep, ctx.wait_for_signal): back
+# to pending without spending the attempt, due at %(until)s (a database time) or, for a wait on
+# signals, at once when a signal came after the run looked (%(seen)s: the job's signal_seq the
+# run saw; signal_job bumps it on the row itself, so this reads the newest value even when it
+# waited for that commit). A snooze counts against MAX_SNOOZES (%(counts)s). A wait records
+# what it waits for, valid while wait_token = lease_token (the next claim changes the token).
+# The lease token stays, as a failure's does. A job whose cancel was asked for ends cancelled.
+# A snooze past %(max)s (MAX_SNOOZES) matches nothing: the caller records a failure instead.
+SNOOZE_JOB = """
+UPDATE dbqueue_job
+SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pending' END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+    attempts = CASE WHEN cancel_requested_at IS NOT NULL THEN attempts ELSE attempts - 1 END,
+    run_after = CASE WHEN cancel_requested_at IS NOT NULL THEN run_after
+                     WHEN %(seen)s::int IS NOT NULL AND signal_seq <> %(seen)s::int THEN now()
+                     ELSE GREATEST(now(), COALESCE(%(until)s::timestamptz,
+                                                   now() + %(delay)s::float8 * interval '1 second'))
+                END,
+    snoozes = snoozes + CASE WHEN %(counts)s::boolean THEN 1 ELSE 0 END,
+    wait_reason = %(reason)s::text,
+    wait_token = CASE WHEN %(reason)s::text IS NULL THEN NULL ELSE lease_token END,
+    leased_until = NULL
+WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state = 'running'
+  AND (NOT %(counts)s::boolean OR snoozes < %(max)s::int OR cancel_requested_at IS NOT NULL)
+RETURNING state, run_after, cancelled_by
+"""
+
+
+def snooze(using, *, job_id, token, until=None, delay=0.0, counts, limit, reason=None, seen=None):
+    """Write a snooze or a durable wait (:data:`SNOOZE_JOB`): ``(state, run_after,
+    cancelled_by)``, or ``None`` when fenced out or past ``limit`` snoozes."""
+    params = {
+        "id": job_id,
+        "token": token,
+        "until": until,
+        "delay": float(delay),
+        "max": int(limit),
+        "counts": bool(counts),
+        "reason": reason,
+        "seen": seen,
+    }
+    rows = _execute(using, SNOOZE_JOB, params)
+    return rows[0] if rows else None

@@ -67,3 +67,72 @@ def list_steps(using, job_id):
     """``[(name, occurrence, attempt, finished_at, result_text)]`` of ``job_id``, in the order
     they finished."""
     return _execute(using, LIST_STEPS, {"job": job_id})
+
+
+# The database's clock: durable waits measure their time with it, as the claim does.
+NOW = "SELECT now()"
+
+
+def db_now(using):
+    return _execute(using, NOW, None)[0][0]
+
+
+# What a wait for the %(seq)s-th signal %(name)s finds, in one snapshot: that signal's payload
+# (NULL when none was sent yet, or when it carried None: see the second column) and the job's
+# signal_seq, which a snooze compares with the newest row (SNOOZE_JOB's %(seen)s).
+READ_SIGNAL = """
+SELECT s.payload::text, s.id IS NOT NULL, j.signal_seq, now()
+FROM dbqueue_job AS j
+LEFT JOIN dbqueue_signal AS s ON s.job_id = j.id AND s.name = %(name)s AND s.seq = %(seq)s
+WHERE j.id = %(job)s
+"""
+
+
+def read_signal(using, *, job_id, name, seq):
+    """``(found, payload_text, signal_seq, now)`` for the job's ``seq``-th signal ``name``."""
+    rows = _execute(using, READ_SIGNAL, {"job": job_id, "name": name, "seq": seq})
+    if not rows:
+        return False, None, None, db_now(using)
+    payload, found, seen, now = rows[0]
+    return found, payload, seen, now
+
+
+# signal_job: the job's row first (its lock orders concurrent signals to one job, so each takes
+# the next seq): bump signal_seq, and make a pending job that waits for a signal of that name due now. The
+# WHERE names the id alone, so the row is locked and the CASE reads its newest version even when
+# a snooze was committing meanwhile. A job that has finished takes no signal. Then the signal,
+# numbered after the ones already sent under that name. Returns the job's queue and whether it
+# became due (the caller wakes that queue after the commit).
+SIGNAL_JOB = """
+WITH job AS (
+    UPDATE dbqueue_job
+    SET signal_seq = signal_seq + 1,
+        run_after = CASE WHEN state = 'pending' AND wait_reason = 'signal:' || %(name)s
+                              AND wait_token = lease_token THEN LEAST(run_after, now())
+                         ELSE run_after END
+    WHERE id = %(job)s AND state NOT IN ('done', 'dead', 'cancelled')
+    RETURNING id, queue, state = 'pending' AND run_after <= now() AS due
+)
+SELECT job.queue, job.due FROM job
+"""
+
+INSERT_SIGNAL = """
+INSERT INTO dbqueue_signal (job_id, name, seq, payload, created_at)
+SELECT %(job)s, %(name)s,
+       COALESCE((SELECT max(seq) FROM dbqueue_signal WHERE job_id = %(job)s AND name = %(name)s),
+                0) + 1,
+       %(payload)s::jsonb, now()
+RETURNING seq
+"""
+
+
+def signal_job(using, *, job_id, name, payload):
+    """Send a signal (two statements in the caller's transaction: the job's row, which orders
+    concurrent signals, then the signal). Returns ``(queue, due, seq)``, or None when the job
+    does not exist or has finished."""
+    rows = _execute(using, SIGNAL_JOB, {"job": job_id, "name": name})
+    if not rows:
+        return None
+    queue, due = rows[0]
+    seq = _execute(using, INSERT_SIGNAL, {"job": job_id, "name": name, "payload": payload})[0][0]
+    return queue, due, seq

@@ -8,7 +8,7 @@ import time
 
 from django.db import connection
 
-from django_dbqueue import job
+from django_dbqueue import SignalTimeout, Snooze, job
 
 STEPS = ("reserve", "charge", "wait-warehouse", "ship", "email")
 
@@ -69,9 +69,54 @@ async def async_steps(ctx):
     return [first, second]
 
 
-@job("atomic-steps", atomic=True, max_attempts=3)
+@job("atomic-steps", atomic=True, max_attempts=3, timeout=30)
 def atomic_steps(ctx):
     value = ctx.step("write", _body, ctx, "write")
     if ctx.attempt == 1:
         raise RuntimeError("the atomic handler fails: its step rolls back with it")
     return value
+
+
+def _count_bodies(ctx, step):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM testapp_step_body WHERE job_id = %s AND step = %s",
+            [ctx.id, step],
+        )
+        return cursor.fetchone()[0]
+
+
+@job("snoozer", max_attempts=1)
+def snoozer(ctx):
+    """Snoozes until it has run ``times`` times, by raising or returning (``returned``)."""
+    _body_row(ctx, "run", "end")
+    if ctx.payload.get("forever") or _count_bodies(ctx, "run") <= ctx.payload.get("times", 0):
+        if ctx.payload.get("returned"):
+            return ctx.snooze(ctx.payload.get("delay", 0))
+        raise Snooze(ctx.payload.get("delay", 0))
+    return {"runs": _count_bodies(ctx, "run"), "attempt": ctx.attempt}
+
+
+@job("sleeper", max_attempts=2)
+def sleeper(ctx):
+    ctx.step("before", _body, ctx, "before")
+    ctx.sleep("nap", ctx.payload["seconds"])
+    return ctx.step("after", _body, ctx, "after")
+
+
+@job("approver", max_attempts=2)
+def approver(ctx):
+    ctx.step("prepare", _body, ctx, "prepare")
+    answers = []
+    for _ in range(ctx.payload.get("waits", 1)):
+        try:
+            answers.append(ctx.wait_for_signal("approve", timeout=ctx.payload.get("timeout")))
+        except SignalTimeout:
+            answers.append("timed out")
+    ctx.step("finish", _body, ctx, "finish")
+    return answers
+
+
+@job("atomic-sleeper", atomic=True, max_attempts=1, timeout=30)
+def atomic_sleeper(ctx):
+    ctx.sleep("nap", 60)

@@ -1,0 +1,229 @@
+"""Snoozes, durable sleeps and signals: a run that waits ends, holding no thread and spending no
+attempt, and the job runs again when its time comes or its signal arrives; its finished steps
+replay. Races between a signal and a run that is about to wait are held open with real
+sessions, in both orders."""
+
+import datetime
+import threading
+
+import psycopg
+import pytest
+from django.db import connection
+
+from django_dbqueue import InvalidArgument, PayloadError, enqueue, signal_job, store
+from django_dbqueue.steps import NEVER
+from django_dbqueue.store.steps import SIGNAL_JOB
+from tests.integration.test_steps import bodies, steps_of
+from tests.utils import job_row, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_for(job_id, predicate, what, timeout=15):
+    wait_until(lambda: predicate(job_row(job_id)), timeout=timeout, message=f"job {job_id} {what}")
+    return job_row(job_id)
+
+
+def waiting(row, reason):
+    return (
+        row["state"] == "pending"
+        and row["wait_reason"] == reason
+        and row["wait_token"] == row["lease_token"]
+    )
+
+
+def execute(sql, params=()):
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def test_snooze_runs_the_job_again_without_spending_an_attempt(start_worker):
+    raised = enqueue("snoozer", {"times": 3}).id
+    returned = enqueue("snoozer", {"times": 2, "returned": True}).id
+    start_worker()
+    for job_id, runs in ((raised, 4), (returned, 3)):
+        row = wait_for(job_id, lambda r: r["state"] == "done", "done")
+        # max_attempts is 1: every snooze left the attempt unspent.
+        assert row["result"] == {"runs": runs, "attempt": 1}
+        assert (row["attempts"], row["snoozes"], row["errors"]) == (1, runs - 1, [])
+        assert row["wait_reason"] is None
+
+
+def test_a_snooze_past_max_snoozes_is_a_failed_attempt(start_worker, settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "MAX_SNOOZES": 2}
+    job_id = enqueue("snoozer", {"forever": True}).id
+    start_worker()
+    row = wait_for(job_id, lambda r: r["state"] == "dead", "dead")
+    assert row["snoozes"] == 2
+    [error] = row["errors"]
+    assert error["class"] == "SnoozeLimit" and "MAX_SNOOZES" in error["message"]
+    assert bodies(job_id)[("run", "end")] == [1, 1, 1]
+
+
+def test_a_sleep_holds_no_thread_and_resumes_when_its_time_comes(start_worker):
+    sleeper = enqueue("sleeper", {"seconds": 3600}).id
+    start_worker(concurrency=1)
+    row = wait_for(sleeper, lambda r: waiting(r, "sleep:nap"), "asleep")
+    assert row["attempts"] == 0  # not spent
+    assert row["run_after"] > row["created_at"] + datetime.timedelta(minutes=59)
+    # The one thread is free: another job runs while the first sleeps.
+    other = enqueue("echo", {"meanwhile": True}).id
+    wait_for(other, lambda r: r["state"] == "done", "done while the sleeper sleeps")
+    assert job_row(sleeper)["state"] == "pending"
+    # Move its time: the recorded end of the sleep and the job's due time into the past.
+    execute(
+        "UPDATE dbqueue_step SET result = jsonb_build_object('until', now() - interval '1 s')"
+        " WHERE job_id = %s AND name = 'sleep:nap'",
+        [sleeper],
+    )
+    execute("UPDATE dbqueue_job SET run_after = now() WHERE id = %s", [sleeper])
+    row = wait_for(sleeper, lambda r: r["state"] == "done", "done after its sleep")
+    assert row["attempts"] == 1
+    assert bodies(sleeper) == {
+        ("before", "start"): [1],
+        ("before", "end"): [1],
+        ("after", "start"): [1],
+        ("after", "end"): [1],
+    }
+    assert [s[0] for s in steps_of(sleeper)] == ["before", "sleep:nap", "after"]
+
+
+def test_a_signal_sent_after_the_wait_wakes_the_job(start_worker):
+    job_id = enqueue("approver", {}).id
+    start_worker()
+    row = wait_for(job_id, lambda r: waiting(r, "signal:approve"), "waiting for its signal")
+    assert row["run_after"] == NEVER  # no timeout: only the signal makes it due
+    assert signal_job(job_id, "approve", {"by": "ops"}) == 1
+    row = wait_for(job_id, lambda r: r["state"] == "done", "done")
+    assert (row["result"], row["attempts"]) == ([{"by": "ops"}], 1)
+    assert bodies(job_id)[("prepare", "end")] == [1]  # replayed, not run again
+    # Delivered once: a second signal of the name is kept for a second wait, unused here.
+    assert signal_job(job_id, "approve", "late") is None  # the job has finished
+
+
+def test_a_signal_sent_before_the_wait_is_kept(start_worker):
+    job_id = enqueue("approver", {"waits": 2}).id
+    assert signal_job(job_id, "approve", "first") == 1
+    assert signal_job(job_id, "approve", ["second"]) == 2
+    assert signal_job(job_id, "other", None) == 1
+    start_worker()
+    row = wait_for(job_id, lambda r: r["state"] == "done", "done")
+    assert row["result"] == ["first", ["second"]]  # the n-th wait takes the n-th signal
+    assert (row["attempts"], row["snoozes"]) == (1, 0)
+
+
+def test_a_wait_that_times_out_raises_in_the_handler(start_worker):
+    job_id = enqueue("approver", {"timeout": 0.3}).id
+    start_worker()
+    row = wait_for(job_id, lambda r: r["state"] == "done", "done after its timeout")
+    assert row["result"] == ["timed out"]
+    assert row["attempts"] == 1
+
+
+def test_a_wait_inside_a_transaction_is_refused_with_its_reason(start_worker):
+    job_id = enqueue("atomic-sleeper", {}).id
+    start_worker()
+    row = wait_for(job_id, lambda r: r["state"] == "dead", "dead")
+    assert "cannot wait inside a transaction" in row["errors"][0]["message"]
+    assert steps_of(job_id) == []
+
+
+def test_bad_signals_are_refused_and_store_nothing():
+    job_id = enqueue("approver", {}).id
+    with pytest.raises(InvalidArgument, match="job_id must be a job id"):
+        signal_job("1", "approve")
+    with pytest.raises(InvalidArgument, match="non-empty string"):
+        signal_job(job_id, "")
+    with pytest.raises(PayloadError, match="signal_job"):
+        signal_job(job_id, "approve", {"when": datetime.datetime.now()})
+    assert signal_job(10**15, "approve") is None  # no such job
+    row = job_row(job_id)
+    assert row["signal_seq"] == 0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM dbqueue_signal")
+        assert cursor.fetchone()[0] == 0
+
+
+# -- The race between a signal and a run about to wait, held open with real sessions -----------
+def _running(job_id, token):
+    execute(
+        "UPDATE dbqueue_job SET state = 'running', lease_token = %s, attempts = 1,"
+        " leased_until = now() + interval '1 minute', worker_id = 'w' WHERE id = %s",
+        [token, job_id],
+    )
+
+
+def _params():
+    from django.db import connections
+
+    settings = connections["default"].settings_dict
+    return {
+        "dbname": settings["NAME"],
+        "user": settings["USER"],
+        "host": settings["HOST"],
+        "port": settings["PORT"] or 5432,
+        "password": settings["PASSWORD"] or None,
+    }
+
+
+def _signal(other, job_id):
+    """signal_job's first statement, the one that takes the job's row, on ``other``."""
+    other.execute(SIGNAL_JOB, {"job": job_id, "name": "approve"}).fetchall()
+
+
+@pytest.mark.parametrize("order", ["signal-commits-during-the-snooze", "snooze-commits-first"])
+def test_a_signal_racing_the_wait_is_never_lost(order):
+    job_id = enqueue("approver", {}).id
+    _running(job_id, 42)
+    found, _, seen, _ = store.read_signal("default", job_id=job_id, name="approve", seq=1)
+    assert not found and seen == 0
+    with psycopg.connect(**_params(), autocommit=False) as other:
+        result = {}
+
+        def wait():
+            result["row"] = store.snooze(
+                "default",
+                job_id=job_id,
+                token=42,
+                until=NEVER.isoformat(),
+                counts=False,
+                limit=1000,
+                reason="signal:approve",
+                seen=seen,
+            )
+
+        if order == "signal-commits-during-the-snooze":
+            # The signal's transaction has the job's row when the run writes its wait: the wait
+            # blocks on the row, then reads the newest signal_seq and is due at once.
+            _signal(other, job_id)
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            wait_until(
+                lambda: _blocked_on_lock(job_id),
+                message="the wait to block on the signal's row lock",
+            )
+            other.commit()
+            waiter.join(10)
+        else:
+            # The wait has committed; the signal then finds it waiting and makes it due.
+            wait()
+            _signal(other, job_id)
+            other.commit()
+    row = job_row(job_id)
+    assert row["state"] == "pending" and row["signal_seq"] == 1
+    assert row["run_after"] < NEVER  # due: the signal is not left to a timeout that never comes
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT run_after <= now() FROM dbqueue_job WHERE id = %s", [job_id])
+        assert cursor.fetchone()[0]
+
+
+def _blocked_on_lock(job_id):
+    """Whether a session waits for a lock in an UPDATE of dbqueue_job (read in autocommit on
+    this thread's connection: pg_stat_activity is a snapshot per transaction)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE %s",
+            ["%UPDATE dbqueue_job%"],
+        )
+        return cursor.fetchone()[0] >= 1
