@@ -27,6 +27,7 @@ from .exceptions import (
 )
 from .flow import UnknownQueue, pause_queue, resume_queue
 from .registry import job
+from .results import JobFailed, JobNotFound, await_result, wait_for_result
 from .schedule_entries import schedule_job, unschedule_job, update_schedule
 from .schedule_parser import ScheduleError
 from .steps import signal_job
@@ -45,6 +46,8 @@ __all__ = [
     "InvalidArgument",
     "JobCancelled",
     "JobContext",
+    "JobFailed",
+    "JobNotFound",
     "JobRegistrationError",
     "LeaseLost",
     "NotMigrated",
@@ -59,6 +62,7 @@ __all__ = [
     "UnsupportedDatabase",
     "Workflow",
     "WorkflowJob",
+    "await_result",
     "begin_delivery",
     "cancel",
     "chain",
@@ -74,5 +78,6 @@ __all__ = [
     "signal_job",
     "unschedule_job",
     "update_schedule",
+    "wait_for_result",
     "workflow",
 ]

@@ -8,6 +8,12 @@ from ..connections import PlannedOnce
 from ._db import _commit, _execute, int_array, text_array
 
 
+def _channel():
+    from ..conf import get_settings
+
+    return get_settings().NOTIFY_CHANNEL
+
+
 def complete(using, acks, *, async_commit=False, channel=None):
     """Mark ``[(id, token, result_json_or_None), ...]`` done; returns the set of ids that matched.
 
@@ -29,6 +35,19 @@ def complete_ending(using, acks, *, async_commit=False, channel=None):
         return {}
     rows = _execute(using, *complete_statement(acks, async_commit=async_commit, channel=channel))
     return completed_endings(rows)
+
+
+# Whether anybody waits for a result (wait_for_result, results.py): the waiter holds this
+# advisory lock shared, at session level, on its LISTEN connection. A statement that finishes
+# jobs tries it exclusively for an instant (the CASE fixes the order: unlock only what it took)
+# and, where it fails, notifies "<NOTIFY_CHANNEL>.done" with the finished ids ('*' past 500:
+# "look again"), delivered at its commit. With nobody waiting that is two function calls per
+# statement and no notification.
+RESULT_LOCK = f"{0x64627133}, 0"  # class "dbq3" in ASCII, key 0
+RESULT_WAITED = (
+    f"CASE WHEN pg_try_advisory_lock({RESULT_LOCK}) THEN NOT pg_advisory_unlock({RESULT_LOCK})"
+    " ELSE true END"
+)
 
 
 # Batched acknowledgement of successes. Fenced by (id, lease token) and state: a worker whose
@@ -67,7 +86,8 @@ def complete_ending(using, acks, *, async_commit=False, channel=None):
 # those whose edge says run_on_failure), like for any other cancelled job.
 # The result is one row (one value each to decode, as the claim's): the ids made done as a JSON
 # array, the ids ended cancelled as a JSON object id -> who cancelled it ('' when nobody is
-# recorded), NULL for none, and how many queues were woken.
+# recorded), NULL for none, how many queues were woken, and whether waiters of results were told
+# (RESULT_WAITED).
 # Planned once per session (connections.PlannedOnce). The states it matches, 'running' and
 # 'waiting', are parameters so that a plan made without the values cannot use dbqueue_job_lease_idx
 # or dbqueue_job_waiting_idx, partial indexes on those states: statistics taken while few jobs ran
@@ -77,7 +97,7 @@ def complete_ending(using, acks, *, async_commit=False, channel=None):
 # rows changed, by default). The primary key, one probe per id, is the plan at every size
 # (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements, planned
 # under the same mode, match theirs the same way (migration 0013).
-COMPLETE_JOBS = PlannedOnce("""
+COMPLETE_JOBS = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
@@ -129,8 +149,15 @@ SELECT (SELECT json_agg(id) FROM completed WHERE done)::text,
        (SELECT json_object_agg(id, COALESCE(cancelled_by, '')) FROM completed WHERE NOT done)::text,
        (SELECT count(pg_notify(%(channel)s, queue))
         FROM (SELECT queue FROM released WHERE state = 'pending' UNION SELECT queue FROM late)
-             AS woken)
-""")
+             AS woken),
+       (SELECT count(pg_notify(%(channel)s::text || '.done', finished))
+        FROM (SELECT CASE WHEN count(*) > 500 THEN '*' ELSE string_agg(id::text, ',') END
+              FROM completed HAVING count(*) > 0) AS f(finished)
+        WHERE {RESULT_WAITED})
+"""
+
+
+COMPLETE_JOBS = PlannedOnce(COMPLETE_JOBS.replace("{RESULT_WAITED}", RESULT_WAITED))
 
 
 def complete_statement(acks, *, async_commit=False, channel=None):
@@ -193,8 +220,10 @@ SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
     leased_until = NULL,
     errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
-RETURNING state, run_after, cancelled_by
-"""
+RETURNING state, run_after, cancelled_by,
+          CASE WHEN state <> 'pending' AND {RESULT_WAITED}
+               THEN pg_notify(%(channel)s::text || '.done', id::text) END
+""".replace("{RESULT_WAITED}", RESULT_WAITED)
 
 
 def fail_job(using, *, job_id, token, error, delay, dead=False):
@@ -208,6 +237,7 @@ def fail_job(using, *, job_id, token, error, delay, dead=False):
             "error": json.dumps(error),
             "delay": float(delay),
             "dead": bool(dead),
+            "channel": _channel(),
         },
     )
     return (rows[0][0], rows[0][2]) if rows else None
@@ -223,15 +253,17 @@ SET state = 'cancelled', finished_at = now(), leased_until = NULL,
     cancel_requested_at = COALESCE(cancel_requested_at, now()),
     cancelled_by = COALESCE(cancelled_by, %(by)s)
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
-RETURNING state, cancelled_by
-"""
+RETURNING state, cancelled_by,
+          CASE WHEN {RESULT_WAITED} THEN pg_notify(%(channel)s::text || '.done', id::text) END
+""".replace("{RESULT_WAITED}", RESULT_WAITED)
 
 
 def end_cancelled(using, *, job_id, token, by="handler"):
     """End a run that stopped because it was cancelled (or never started for that reason):
     ``cancelled``, fenced. ``by`` is recorded unless a cancel request already named someone.
     Returns who cancelled it, or ``None`` when the write was fenced out. A durable commit."""
-    rows = _execute(using, END_CANCELLED, {"id": job_id, "token": token, "by": by})
+    params = {"id": job_id, "token": token, "by": by, "channel": _channel()}
+    rows = _execute(using, END_CANCELLED, params)
     return (rows[0][1] or "") if rows else None
 
 

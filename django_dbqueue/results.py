@@ -1,0 +1,186 @@
+"""Awaited results: ``wait_for_result(job_id, timeout=...)`` and ``await await_result(...)``.
+
+The waiter opens a connection of its own (autocommit: it never holds a transaction while it
+waits), LISTENs on ``"<NOTIFY_CHANNEL>.done"`` and holds the advisory lock that tells the
+statements finishing jobs that somebody waits (store/completion.py, ``RESULT_WAITED``): those
+statements then notify the finished ids, delivered at their commit. The waiter reads the job
+after it starts listening, again on each notification naming it, and at a poll that backs off
+from 50 ms to 1 s: a job finished by a path that does not notify (the sweeper's dead letters, a
+cancel while pending) or in the instant before the waiter's lock is found by the poll.
+"""
+
+import asyncio
+import contextlib
+import json
+import select
+import time
+
+import psycopg
+from psycopg import sql
+
+from . import validation
+from .conf import get_settings
+from .connections import connect
+from .exceptions import DBQueueError, InvalidArgument, JobCancelled
+from .jobspec import EnqueuedJob, database
+from .store.completion import RESULT_LOCK
+
+POLL_FIRST, POLL_MAX = 0.05, 1.0  # seconds: the poll's backstop, doubling
+
+
+class JobNotFound(DBQueueError, LookupError):
+    """No such job: it never existed, or retention deleted it."""
+
+
+class JobFailed(DBQueueError):
+    """The awaited job ended in the dead letters. ``error`` is its last error (a dict with
+    ``class``, ``message``, ``attempt``...), ``job_id`` its id."""
+
+    def __init__(self, job_id, error):
+        self.job_id, self.error = job_id, error or {}
+        what = f"{self.error.get('class', '?')}: {self.error.get('message', '')}"
+        super().__init__(f"job #{job_id} is dead; its last error: {what}")
+
+
+def _job_id(value):
+    if isinstance(value, EnqueuedJob):
+        return value.id
+    if validation.job_id_problem(value) is not None:
+        raise InvalidArgument(
+            "wait_for_result(): job_id must be a job id (an int from 1 to 2**63-1) or an "
+            f"EnqueuedJob, got {validation.shown(value)}"
+        )
+    return value
+
+
+def _timeout(value):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1e9:
+        raise InvalidArgument(
+            f"wait_for_result(): timeout must be a number of seconds >= 0 or None, got "
+            f"{validation.shown(value)}"
+        )
+    return float(value)
+
+
+READ_RESULT = """
+SELECT state, result::text, errors -> -1, cancelled_by FROM dbqueue_job WHERE id = %s
+"""
+
+
+def _outcome(conn, job_id):
+    """``(True, result)`` for a finished job (or raises for a dead or cancelled one),
+    ``(False, None)`` for one that has not finished."""
+    row = conn.execute(READ_RESULT, [job_id]).fetchone()
+    if row is None:
+        raise JobNotFound(f"no job #{job_id} (it never existed, or retention deleted it)")
+    state, result, error, cancelled_by = row
+    if state == "done":
+        return True, None if result is None else json.loads(result)
+    if state == "dead":
+        raise JobFailed(job_id, error)
+    if state == "cancelled":
+        raise JobCancelled(f"job #{job_id} was cancelled (by {cancelled_by or '?'})")
+    return False, None
+
+
+def _names(payload, job_id):
+    """Whether a notification's payload names ``job_id`` (or says to look again: ``*``)."""
+    return payload == "*" or str(job_id) in payload.split(",")
+
+
+def _open(using):
+    conn = connect(using, application_name="dbqueue result waiter")
+    try:
+        channel = get_settings().NOTIFY_CHANNEL + ".done"
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        conn.execute(f"SELECT pg_advisory_lock_shared({RESULT_LOCK})")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _take_notifies(conn, job_id):
+    """Read what arrived on the socket; True when a notification names ``job_id``."""
+    pgconn = conn.pgconn
+    pgconn.consume_input()
+    named = False
+    while (notify := pgconn.notifies()) is not None:
+        named = named or _names(notify.extra.decode(), job_id)
+    return named
+
+
+def wait_for_result(job_id, timeout=None, *, using=None):
+    """Wait until the job ``job_id`` (an id or an ``EnqueuedJob``) finishes and return its
+    decoded result; raise ``JobFailed`` (with its last error) for a dead job, ``JobCancelled``
+    for a cancelled one, ``JobNotFound`` when there is no such job, and ``TimeoutError`` when
+    it has not finished within ``timeout`` seconds (None: no limit). Holds no transaction open;
+    call it outside ``transaction.atomic()`` when the job was enqueued there (it can only finish
+    after that commit)."""
+    job_id, timeout = _job_id(job_id), _timeout(timeout)
+    using = database(using)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _open(using) as conn:
+        poll = POLL_FIRST
+        while True:
+            finished, result = _outcome(conn, job_id)
+            if finished:
+                return result
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"job #{job_id} did not finish within {timeout:g}s")
+            wait = poll if left is None else min(poll, left)
+            end = time.monotonic() + wait
+            while True:
+                left = max(0.0, end - time.monotonic())
+                ready, _, _ = select.select([conn.fileno()], [], [], left)
+                if not ready:
+                    poll = min(POLL_MAX, poll * 2)
+                    break
+                if _take_notifies(conn, job_id):
+                    break
+                if time.monotonic() >= end:
+                    break
+
+
+async def await_result(job_id, timeout=None, *, using=None):
+    """:func:`wait_for_result` for async code: the waiting is on the event loop (the socket),
+    the short reads run in a thread; cancelling the task closes the waiter's connection."""
+    job_id, timeout = _job_id(job_id), _timeout(timeout)
+    using = database(using)
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    conn = await asyncio.to_thread(_open, using)
+    try:
+        poll = POLL_FIRST
+        while True:
+            finished, result = await asyncio.to_thread(_outcome, conn, job_id)
+            if finished:
+                return result
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"job #{job_id} did not finish within {timeout:g}s")
+            wait = poll if left is None else min(poll, left)
+            end = loop.time() + wait
+            while True:
+                readable = loop.create_future()
+                loop.add_reader(conn.fileno(), _set, readable)
+                try:
+                    await asyncio.wait_for(readable, max(0.0, end - loop.time()))
+                except TimeoutError:
+                    poll = min(POLL_MAX, poll * 2)
+                    break
+                finally:
+                    loop.remove_reader(conn.fileno())
+                if _take_notifies(conn, job_id) or loop.time() >= end:
+                    break
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            await asyncio.to_thread(conn.close)
+
+
+def _set(future):
+    if not future.done():
+        future.set_result(None)

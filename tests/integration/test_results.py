@@ -1,0 +1,136 @@
+"""Awaited results: wait_for_result returns when the job finishes, woken by the notification of
+the statement that finished it (the poll backstop is made too slow to matter here), raises a
+named error for a dead or cancelled job, times out cleanly, and never holds a transaction open
+while it waits."""
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from django_dbqueue import (
+    InvalidArgument,
+    JobCancelled,
+    JobFailed,
+    JobNotFound,
+    await_result,
+    cancel,
+    enqueue,
+    results,
+    wait_for_result,
+)
+from tests.utils import job_row, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def no_poll(monkeypatch):
+    """Only a notification can wake the waiter within these tests' deadlines."""
+    monkeypatch.setattr(results, "POLL_FIRST", 60.0)
+    monkeypatch.setattr(results, "POLL_MAX", 60.0)
+
+
+def test_a_success_wakes_the_waiter_by_notification(start_worker, no_poll):
+    job = enqueue("record", {"sleep": 0.3})
+    echo = enqueue("echo", {"answer": 42})
+    start_worker()
+    started = time.monotonic()
+    assert wait_for_result(echo, timeout=20) == {"answer": 42}
+    assert wait_for_result(job.id, timeout=20) is None
+    assert time.monotonic() - started < 10  # not the 60 s poll
+    assert job_row(job.id)["state"] == "done"
+
+
+def test_a_dead_job_raises_its_last_error(start_worker, no_poll):
+    job = enqueue("fail")  # max_attempts 3, BACKOFF_* tiny in the test settings
+    start_worker()
+    with pytest.raises(JobFailed, match="boom on attempt 3") as failed:
+        wait_for_result(job, timeout=20)
+    assert failed.value.job_id == job.id and failed.value.error["attempt"] == 3
+
+
+def test_a_cancelled_job_raises_job_cancelled_found_by_the_poll():
+    job = enqueue("noop")
+    waiter = {}
+
+    def wait():
+        try:
+            wait_for_result(job, timeout=20)
+        except BaseException as exc:
+            waiter["error"] = exc
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: _waiter_idle(), message="the waiter to be waiting, idle")
+    cancel(job)  # a pending job: cancelled by a statement that does not notify; the poll sees it
+    thread.join(20)
+    assert isinstance(waiter["error"], JobCancelled)
+
+
+def test_a_job_that_does_not_finish_in_time_raises_timeout_error():
+    job = enqueue("noop")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"did not finish within 0\.3s"):
+        wait_for_result(job, timeout=0.3)
+    assert time.monotonic() - started < 5
+    assert job_row(job.id)["state"] == "pending"  # nothing changed
+
+
+def test_the_waiter_holds_no_transaction_while_it_waits():
+    job = enqueue("noop")
+    thread = threading.Thread(target=lambda: _ignore(wait_for_result, job, 3))
+    thread.start()
+    wait_until(lambda: _waiter_idle(), message="the waiter to be waiting, idle")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT state, backend_xid, backend_xmin FROM pg_stat_activity"
+            " WHERE application_name = 'dbqueue result waiter'"
+        )
+        [(state, xid, xmin)] = cursor.fetchall()
+    assert (state, xid, xmin) == ("idle", None, None)
+    thread.join(10)
+
+
+def test_bad_arguments_and_unknown_jobs_are_named():
+    with pytest.raises(InvalidArgument, match="job_id must be a job id"):
+        wait_for_result("7")
+    with pytest.raises(InvalidArgument, match="timeout must be"):
+        wait_for_result(1, timeout=-1)
+    with pytest.raises(JobNotFound, match="no job #999999"):
+        wait_for_result(999999, timeout=1)
+
+
+def test_the_async_form_awaits_the_same_result(start_worker, no_poll):
+    job = enqueue("echo", {"async": [1, 2]})
+    start_worker()
+
+    async def main():
+        return await await_result(job, timeout=20)
+
+    assert asyncio.run(main()) == {"async": [1, 2]}
+
+    waiting = enqueue("noop", delay=3600)  # not due within the test
+
+    async def times_out():
+        await await_result(waiting, timeout=0.2)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(times_out())
+
+
+def _waiter_idle():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE application_name = 'dbqueue result waiter' AND state = 'idle'"
+        )
+        return cursor.fetchone()[0] == 1
+
+
+def _ignore(func, *args):
+    with contextlib.suppress(TimeoutError):
+        func(*args)
