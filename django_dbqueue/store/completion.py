@@ -40,8 +40,8 @@ def complete_ending(using, acks, *, async_commit=False, channel=None):
 # Whether anybody waits for a result (wait_for_result, results.py): the waiter holds this
 # advisory lock shared, at session level, on its LISTEN connection. A statement that finishes
 # jobs tries it exclusively for an instant (the CASE fixes the order: unlock only what it took)
-# and, where it fails, notifies "<NOTIFY_CHANNEL>.done" with the finished ids ('*' past 500:
-# "look again"), delivered at its commit. With nobody waiting that is two function calls per
+# and, where it fails, notifies "<NOTIFY_CHANNEL>.done" with the finished ids ('*' where they
+# would not fit NOTIFY's 8000 bytes: "look again"), delivered at its commit. With nobody waiting that is two function calls per
 # statement and no notification.
 RESULT_LOCK = f"{0x64627133}, 0"  # class "dbq3" in ASCII, key 0
 RESULT_WAITED = (
@@ -151,7 +151,8 @@ SELECT (SELECT json_agg(id) FROM completed WHERE done)::text,
         FROM (SELECT queue FROM released WHERE state = 'pending' UNION SELECT queue FROM late)
              AS woken),
        (SELECT count(pg_notify(%(channel)s::text || '.done', finished))
-        FROM (SELECT CASE WHEN count(*) > 500 THEN '*' ELSE string_agg(id::text, ',') END
+        FROM (SELECT CASE WHEN sum(length(id::text) + 1) > 7000 THEN '*'
+                          ELSE string_agg(id::text, ',') END
               FROM completed HAVING count(*) > 0) AS f(finished)
         WHERE {RESULT_WAITED})
 """

@@ -134,3 +134,39 @@ def _waiter_idle():
 def _ignore(func, *args):
     with contextlib.suppress(TimeoutError):
         func(*args)
+
+
+def test_a_batch_too_large_for_one_notification_says_look_again():
+    """500 ids of 18 digits do not fit NOTIFY's 8000 bytes: the completion sends '*' and
+    still commits (a payload too long would have failed it)."""
+    import psycopg
+    from django.db import connections
+
+    from django_dbqueue import enqueue_many, store
+    from django_dbqueue.connections import connection_params
+    from django_dbqueue.store.completion import RESULT_LOCK
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT setval(pg_get_serial_sequence('dbqueue_job', 'id'), 100000000000000000)"
+        )
+    jobs = enqueue_many([("noop", {}) for _ in range(500)])
+    ids = [job.id for job in jobs]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dbqueue_job SET state = 'running', lease_token = 7, attempts = 1,"
+            " leased_until = now() + interval '1 minute', worker_id = 'w'"
+            " WHERE id = ANY(%s)",
+            [ids],
+        )
+    params = connection_params("default")
+    with psycopg.connect(**params, autocommit=True) as waiter:
+        waiter.execute('LISTEN "dbqueue.done"')
+        waiter.execute(f"SELECT pg_advisory_lock_shared({RESULT_LOCK})")
+        assert store.complete("default", [(i, 7, None) for i in ids]) == set(ids)
+        connections["default"].close()
+        notes = list(waiter.notifies(timeout=5, stop_after=1))
+    assert [n.payload for n in notes] == ["*"]
+    assert job_row(ids[0])["state"] == "done"
+    with connection.cursor() as cursor:  # the next tests' ids start low again
+        cursor.execute("SELECT setval(pg_get_serial_sequence('dbqueue_job', 'id'), 1, false)")
