@@ -217,8 +217,8 @@ class TableCollector:
         jobs = GaugeMetricFamily(
             "dbqueue_queue_jobs",
             "Live jobs by queue and state: due (pending, due now), scheduled (pending, later), "
-            "waiting (on workflow dependencies), running, stuck (running past its lease) and "
-            "dead.",
+            "suspended (pending, in a durable sleep or wait for a signal), waiting (on workflow "
+            "dependencies), running, stuck (running past its lease) and dead.",
             labels=["queue", "state"],
         )
         oldest = GaugeMetricFamily(
@@ -263,7 +263,7 @@ class TableCollector:
             elif kind == "delivery":
                 deliveries.add_metric([name], value)
         for name, values in sorted(queues.items()):
-            for state in ("due", "scheduled", "waiting", "running", "stuck", "dead"):
+            for state in ("due", "scheduled", "suspended", "waiting", "running", "stuck", "dead"):
                 jobs.add_metric([name, state], values.get(state) or 0.0)
             oldest.add_metric([name], values.get("oldest_due_seconds") or 0.0)
             paused.add_metric([name], values.get("paused_seconds") or 0.0)

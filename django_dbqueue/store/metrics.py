@@ -3,7 +3,8 @@
 from ._db import _execute
 
 # Every gauge of the table in one statement, as (kind, name, label, value) rows: per queue the due,
-# scheduled, waiting (on workflow dependencies), running, stuck and dead jobs and the oldest due
+# scheduled, suspended (in a durable wait, docs/steps.md: not due until its time or its signal),
+# waiting (on workflow dependencies), running, stuck and dead jobs and the oldest due
 # job's age; per worker in the registry (dbqueue_worker, unexpired) the jobs it holds and the
 # seconds since its last heartbeat; per queue and host the workers serving it that are not
 # stale; the unconfirmed delivery records. Like
@@ -17,11 +18,16 @@ SELECT 'queue', p.queue, v.label, v.value
 FROM (
     SELECT queue,
            count(*) FILTER (WHERE run_after <= now()) AS due,
-           count(*) FILTER (WHERE run_after > now()) AS scheduled,
+           count(*) FILTER (WHERE run_after > now() AND NOT suspended) AS scheduled,
+           count(*) FILTER (WHERE run_after > now() AND suspended) AS suspended,
            EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now())) AS oldest
-    FROM dbqueue_job WHERE state = 'pending' GROUP BY queue
+    FROM (SELECT queue, run_after,
+                 COALESCE(wait_reason IS NOT NULL AND wait_token = lease_token, false) AS suspended
+          FROM dbqueue_job WHERE state = 'pending') AS pending
+    GROUP BY queue
 ) AS p
 CROSS JOIN LATERAL (VALUES ('due', p.due::float8), ('scheduled', p.scheduled::float8),
+                           ('suspended', p.suspended::float8),
                            ('oldest_due_seconds', p.oldest::float8)) AS v(label, value)
 UNION ALL
 SELECT 'queue', r.queue, v.label, v.value

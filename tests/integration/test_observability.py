@@ -332,3 +332,19 @@ def test_metrics_view_without_prometheus_client_says_what_to_install(
     client.force_login(admin)
     response = client.get("/dbqueue-metrics/")
     assert response.status_code == 501 and b"django-dbqueue[prometheus]" in response.content
+
+
+def test_jobs_in_a_durable_wait_count_as_suspended_not_scheduled(start_worker, fresh_gauges):
+    metrics.install()
+    sleeper = enqueue("sleeper", {"seconds": 3600}).id
+    later = enqueue("echo", {}, delay=3600).id
+    start_worker()
+    wait_until(
+        lambda: job_row(sleeper)["wait_reason"] == "sleep:nap"
+        and job_row(sleeper)["state"] == "pending",
+        message="the sleeper asleep",
+    )
+    samples = scrape()
+    assert value(samples, "dbqueue_queue_jobs", queue="default", state="suspended") == 1
+    assert value(samples, "dbqueue_queue_jobs", queue="default", state="scheduled") == 1  # later
+    assert job_row(later)["state"] == "pending"
