@@ -340,8 +340,10 @@ def test_jobs_in_a_durable_wait_count_as_suspended_not_scheduled(start_worker, f
     later = enqueue("echo", {}, delay=3600).id
     start_worker()
     wait_until(
-        lambda: job_row(sleeper)["wait_reason"] == "sleep:nap"
-        and job_row(sleeper)["state"] == "pending",
+        lambda: (
+            job_row(sleeper)["wait_reason"] == "sleep:nap"
+            and job_row(sleeper)["state"] == "pending"
+        ),
         message="the sleeper asleep",
     )
     samples = scrape()
