@@ -342,10 +342,13 @@ class Acknowledger:
                 "worker": self.worker_id,
             }
             return self._write_failure(db, failure)
-        state, run_after, cancelled_by = row
+        state, run_after, cancelled_by, due_in = row
         if state == "cancelled":
             self._report_cancelled(ctx, cancelled_by or "", None, failure.duration)
             return True
+        # The job comes due again then: the loop claims at that time, not at its next poll.
+        due = time.monotonic() + max(0.0, due_in)
+        self.next_retry = due if self.next_retry is None else min(self.next_retry, due)
         with self._lock:
             self.snoozed += 1
         logger.info(

@@ -346,13 +346,14 @@ SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pen
     leased_until = NULL
 WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state = 'running'
   AND (NOT %(counts)s::boolean OR snoozes < %(max)s::int OR cancel_requested_at IS NOT NULL)
-RETURNING state, run_after, cancelled_by
+RETURNING state, run_after, cancelled_by, EXTRACT(EPOCH FROM run_after - now())::float8
 """
 
 
 def snooze(using, *, job_id, token, until=None, delay=0.0, counts, limit, reason=None, seen=None):
     """Write a snooze or a durable wait (:data:`SNOOZE_JOB`): ``(state, run_after,
-    cancelled_by)``, or ``None`` when fenced out or past ``limit`` snoozes."""
+    cancelled_by, seconds until it is due)``, or ``None`` when fenced out or past ``limit``
+    snoozes."""
     params = {
         "id": job_id,
         "token": token,

@@ -5,6 +5,7 @@ sessions, in both orders."""
 
 import datetime
 import threading
+import time
 
 import psycopg
 import pytest
@@ -227,3 +228,13 @@ def _blocked_on_lock(job_id):
             ["%UPDATE dbqueue_job%"],
         )
         return cursor.fetchone()[0] >= 1
+
+
+def test_a_short_snooze_is_claimed_when_it_comes_due_not_at_the_poll(start_worker, settings):
+    settings.DBQUEUE = {**settings.DBQUEUE, "POLL_INTERVAL": 60.0}
+    start_worker()
+    job_id = enqueue("snoozer", {"times": 2, "delay": 0.05}).id
+    started = time.monotonic()
+    row = wait_for(job_id, lambda r: r["state"] == "done", "done", timeout=20)
+    assert row["snoozes"] == 2
+    assert time.monotonic() - started < 10  # the 60 s poll never came into it
