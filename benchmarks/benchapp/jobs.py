@@ -25,3 +25,6 @@ def record_start(ctx):
 def sleep(ctx):
     """Sleeps ``payload["sleep"]`` seconds: a job that takes time, as real work does."""
     time.sleep(ctx.payload["sleep"])
+
+
+from . import wait_jobs  # noqa: E402, F401 - registers the job types of benchmarks/waits.py
