@@ -161,7 +161,7 @@ def request_cancel(using, ids, *, by=None):
 
 # Deletes finished jobs (done, dead, cancelled) only: the state test sits in the DELETE itself,
 # so a job requeued since it was selected is left alone. A deleted job's own dependency edges go
-# with it, as do its steps (ctx.step) (one index probe per job; a job that others depended on keeps its edges until those
+# with it, as do its steps and signals (docs/steps.md) (one index probe per job; a job that others depended on keeps its edges until those
 # are deleted, so they can still read its result while it exists). Delivery records keep the job's id (no
 # foreign key in the database), as they do when retention prunes a job.
 DELETE_FINISHED_JOBS = """
@@ -175,6 +175,9 @@ edges AS (
 ),
 steps AS (
     DELETE FROM dbqueue_step WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
+),
+signals AS (
+    DELETE FROM dbqueue_signal WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
 )
 SELECT id FROM deleted
 """
@@ -216,7 +219,7 @@ def count_dead(using, *, job_type=None, queue=None):
 
 # Retention: delete finished jobs of one state older than a cutoff, oldest first, bounded, and
 # SKIP LOCKED so that workers pruning at once split the rows. Served by dbqueue_job_finished_idx.
-# The workflow edges and the steps of a deleted job go with it (see DELETE_FINISHED_JOBS).
+# The workflow edges, steps and signals of a deleted job go with it (see DELETE_FINISHED_JOBS).
 PRUNE_FINISHED = """
 WITH deleted AS (
     DELETE FROM dbqueue_job
@@ -234,6 +237,9 @@ edges AS (
 ),
 steps AS (
     DELETE FROM dbqueue_step WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
+),
+signals AS (
+    DELETE FROM dbqueue_signal WHERE job_id IN (SELECT id FROM deleted) RETURNING 1
 )
 SELECT count(*) FROM deleted
 """

@@ -179,21 +179,32 @@ def test_bad_step_arguments_are_named_before_anything_runs():
     assert _ctx(job_id, token=5).step("nothing", lambda: 1 / 0) is None
 
 
-def test_retention_and_delete_take_a_job_s_steps_with_it(start_worker):
+def test_retention_and_delete_take_a_job_s_steps_and_signals_with_it(start_worker):
     kept = enqueue("five-steps", {}).id
     pruned = enqueue("five-steps", {}).id
     start_worker()
     wait_state(kept, "done")
     wait_state(pruned, "done")
     assert len(steps_of(pruned)) == len(STEPS)
+    from django_dbqueue import signal_job
+
+    signal_job(kept, "late")  # finished: refused, nothing stored
+    with connection.cursor() as cursor:  # a signal row as a live job would have kept it
+        cursor.execute(
+            "INSERT INTO dbqueue_signal (job_id, name, seq, created_at)"
+            " VALUES (%s, 'x', 1, now()), (%s, 'x', 1, now())",
+            [kept, pruned],
+        )
     assert store.delete_finished("default", [pruned]) == {pruned}
     assert scalar("SELECT count(*) FROM dbqueue_step WHERE job_id = %s", [pruned]) == 0
+    assert scalar("SELECT count(*) FROM dbqueue_signal WHERE job_id = %s", [pruned]) == 0
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE dbqueue_job SET finished_at = now() - interval '2 days' WHERE id = %s", [kept]
         )
     assert store.prune("default", state="done", age=86400, limit=10) == 1
     assert scalar("SELECT count(*) FROM dbqueue_step WHERE job_id = %s", [kept]) == 0
+    assert scalar("SELECT count(*) FROM dbqueue_signal WHERE job_id = %s", [kept]) == 0
 
 
 def test_list_steps_returns_results_as_json_text(start_worker):
