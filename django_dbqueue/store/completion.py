@@ -97,7 +97,8 @@ RESULT_WAITED = (
 # rows changed, by default). The primary key, one probe per id, is the plan at every size
 # (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements, planned
 # under the same mode, match theirs the same way (migration 0013).
-COMPLETE_JOBS = """
+COMPLETE_JOBS = PlannedOnce(
+    """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
@@ -155,10 +156,8 @@ SELECT (SELECT json_agg(id) FROM completed WHERE done)::text,
                           ELSE string_agg(id::text, ',') END
               FROM completed HAVING count(*) > 0) AS f(finished)
         WHERE {RESULT_WAITED})
-"""
-
-
-COMPLETE_JOBS = PlannedOnce(COMPLETE_JOBS.replace("{RESULT_WAITED}", RESULT_WAITED))
+""".replace("{RESULT_WAITED}", RESULT_WAITED)
+)
 
 
 def complete_statement(acks, *, async_commit=False, channel=None):
