@@ -233,7 +233,10 @@ class Worker:
             self.acks.cancel(entry)
         return len(running) + len(withdrawn)
 
-    def _on_notify(self, payload):
+    def _on_notify(self, payload, *, wake=True):
+        """A notification (``None``: a wake-up that names no queue). ``wake=False``: called by
+        the loop itself right before it looks whether a claim is due, so the claim this asks
+        for runs on that same pass; the loop is not woken again for it."""
         if payload is not None and (ids := parse_cancel(payload)) is not None:
             self.cancel_requested(ids)
             return
@@ -241,7 +244,8 @@ class Worker:
             return  # no more claims: a wake-up only matters to a cancel, handled above
         if payload is None:
             self.timing.wake()
-            self._wakeup.set()
+            if wake:
+                self._wakeup.set()
             return
         queue = parse_wakeup(payload)[0]
         if queue not in self.queues:
@@ -256,7 +260,8 @@ class Worker:
             act = self.timing.keep_wakeup(self.inflight.occupied)
         if act:
             self.timing.wake()
-            self._wakeup.set()
+            if wake:
+                self._wakeup.set()
 
     def fatal(self, reason):
         """Give up: stop claiming, hand back what has not started, exit with EXIT_GAVE_UP."""
@@ -309,15 +314,18 @@ class Worker:
             return self.session.listening
         return self.listener.connected if self.listener is not None else None
 
-    def _take_notifies(self):
+    def _take_notifies(self, *, wake=True):
         """Act on the notifications the session received (while a statement ran, or read from
-        its socket while the loop slept)."""
+        its socket while the loop slept). ``wake=False``: the loop looks whether a claim is due
+        right after this, so a wake-up taken here is acted on in the same pass; setting
+        ``_wakeup`` for it would only send the loop round once more, idle, while the handler
+        thread that the claim fed waits for the GIL."""
         if self._readable:
             self._readable = False
             self.session.read_notifies()
         notifies = self.session.notifies
         while notifies:
-            self._on_notify(notifies.popleft())
+            self._on_notify(notifies.popleft(), wake=wake)
 
     def run(self):
         """Run until stopped; returns the process exit code (0 after a graceful stop)."""
@@ -338,8 +346,13 @@ class Worker:
             claimed = asked = None
             try:
                 self._batch_acks()
-                self._wakeup.clear()
-                self._take_notifies()
+                if self._wakeup.is_set() or not self._readable:
+                    # Woken by the session's socket with the flag down (an idle worker's
+                    # wake-up), there is nothing to drain: the pipe's read would only fail. A
+                    # byte that a racing set() left there with the flag down returns the next
+                    # wait at once, and that pass, not woken by the socket, drains it.
+                    self._wakeup.clear()
+                self._take_notifies(wake=False)
                 if self._reconnected:
                     self._recover()
                 self.maintenance.run_due()
