@@ -7,7 +7,8 @@ and what it refused.
 
 One module per page, each registering its model admin:
 
-- jobs.py: ``BackgroundJobAdmin`` (and the queue dashboard, dashboard_page.py)
+- jobs.py: ``BackgroundJobAdmin`` (and the queue dashboard, dashboard_page.py; a job's steps,
+  job_steps.py: read only, no page of their own)
 - dead_letters.py: ``DeadLetterAdmin``
 - deliveries.py: ``JobDeliveryAdmin``
 - queues.py: ``QueueStateAdmin`` (flow control)

@@ -1,4 +1,5 @@
-"""What the job lists share: a capped count, an exact search along indexes, preformatted text."""
+"""What the job lists share: a capped count, an exact search along indexes, preformatted and
+shortened text."""
 
 from django.core.paginator import Paginator
 from django.db.models import Q
@@ -31,3 +32,8 @@ def exact_search(queryset, term, key_field, id_field="pk"):
 
 def pre(value):
     return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', value)
+
+
+def shorten(text, limit):
+    """``text``, or its first ``limit - 3`` characters and "..." when it is longer than ``limit``."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."

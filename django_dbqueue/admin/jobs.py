@@ -17,9 +17,10 @@ from .. import cancellation, names, store, wakeup
 from ..conf import get_settings
 from ..models import UNIQUE_HELD, BackgroundJob
 from ..states import FINISHED_STATES, JobState
-from .common import CappedCountPaginator, exact_search, pre
+from .common import CappedCountPaginator, exact_search, pre, shorten
 from .dashboard_page import dashboard_context
 from .filters import FlowFilter, QueueFilter, StuckFilter, TypeFilter, live_serial
+from .job_steps import steps_html
 
 
 class BackgroundJobAdmin(admin.ModelAdmin):
@@ -71,6 +72,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "payload_pretty",
         "result_pretty",
         "errors_pretty",
+        "steps_display",
         "workflow_display",
     ]
     fieldsets = [
@@ -86,6 +88,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             {"fields": ["unique_key", "unique_while", "unique_held", "serial_key"]},
         ),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "errors_pretty"]}),
+        ("Steps", {"fields": ["steps_display"]}),
         ("Workflow", {"fields": ["workflow_display"]}),
     ]
     change_list_template = "admin/django_dbqueue/change_list.html"
@@ -209,8 +212,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         if not obj.errors:
             return ""
         entry = obj.errors[-1]
-        text = f"{entry.get('class', '')}: {entry.get('message', '')}"
-        return text if len(text) <= 120 else text[:117] + "..."
+        return shorten(f"{entry.get('class', '')}: {entry.get('message', '')}", 120)
 
     @admin.display(description="payload")
     def payload_pretty(self, obj):
@@ -221,6 +223,11 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         return (
             "" if obj.result is None else pre(json.dumps(obj.result, indent=2, ensure_ascii=False))
         )
+
+    @admin.display(description="recorded steps")
+    def steps_display(self, obj):
+        """The steps the job recorded (ctx.step), at most job_steps.STEPS_SHOWN of them."""
+        return steps_html(obj.pk)
 
     @admin.display(description="waits on / waited on by")
     def workflow_display(self, obj):

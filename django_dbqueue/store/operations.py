@@ -1,5 +1,6 @@
 """Operator actions over explicit ids (requeue, run now, cancel, delete), the dead jobs,
-retention's pruning, and the status counts per queue and state."""
+retention's pruning, the status counts per queue and state, and one job's status with its
+steps (the admin's job page, ``jobqueue_status --job``)."""
 
 from django.db import IntegrityError, transaction
 
@@ -301,3 +302,63 @@ def status(using, queues=()):
         if oldest_due is not None:
             entry["oldest_due_seconds"] = float(oldest_due)
     return result
+
+
+# One job's status, for jobqueue_status --job: its row's fields, the last entry of its error
+# history as JSON text (NULL when it has none; a requeue's marker counts, as in the admin's
+# "last error"), and nothing that grows with the job (payload, result, the whole history).
+JOB_STATUS = """
+SELECT id, type, queue, state, attempts, max_attempts, run_after, worker_id,
+       (errors -> -1)::text AS last_error
+FROM dbqueue_job WHERE id = %(job)s
+"""
+JOB_STATUS_FIELDS = (
+    "id",
+    "type",
+    "queue",
+    "state",
+    "attempts",
+    "max_attempts",
+    "run_after",
+    "worker_id",
+    "last_error",
+)
+
+
+def job_status(using, job_id):
+    """``{"id", "type", "queue", "state", "attempts", "max_attempts", "run_after", "worker_id",
+    "last_error"}`` of the job (``last_error``: the last error entry as JSON text, or None), or
+    None when there is no such job."""
+    rows = _execute(using, JOB_STATUS, {"job": job_id})
+    return dict(zip(JOB_STATUS_FIELDS, rows[0], strict=True)) if rows else None
+
+
+# A job's steps (dbqueue_step), bounded for the admin and jobqueue_status --job: how many it has
+# in all, and the first %(limit)s in the order they finished (by id), each result as JSON text,
+# cut in the database to %(chars)s characters when that is not NULL (so a page of huge results
+# never leaves the server whole). Always one row at least: a job without steps gives its count
+# (0) and NULLs. Both reads find the job's rows by dbqueue_step_uniq (job_id first); the planner
+# walks the table (or its primary key, in id order) instead only for a job that holds a large
+# part of it, where that costs about as much.
+JOB_STEPS = """
+SELECT t.total, s.name, s.occurrence, s.attempt, s.finished_at,
+       CASE WHEN %(chars)s::integer IS NULL THEN s.result::text
+            ELSE left(s.result::text, %(chars)s::integer) END
+FROM (SELECT count(*) AS total FROM dbqueue_step WHERE job_id = %(job)s) AS t
+LEFT JOIN LATERAL (
+    SELECT id, name, occurrence, attempt, finished_at, result FROM dbqueue_step
+    WHERE job_id = %(job)s ORDER BY id LIMIT %(limit)s
+) AS s ON true
+ORDER BY s.id
+"""
+
+
+def job_steps(using, job_id, *, limit, chars=None):
+    """``(total, [(name, occurrence, attempt, finished_at, result_text)])``: how many steps the
+    job has recorded, and the first ``limit`` of them in the order they finished. Each
+    ``result_text`` is the result's JSON text (None for a None result), cut to ``chars``
+    characters when ``chars`` is given (the caller cuts it shorter and marks the cut)."""
+    params = {"job": job_id, "limit": limit, "chars": chars}
+    rows = _execute(using, JOB_STEPS, params)
+    total = rows[0][0]
+    return total, [tuple(row[1:]) for row in rows if row[1] is not None]

@@ -1,14 +1,22 @@
 """The admin through Django's test client: every action with and without its permission, on
-eligible and ineligible rows; escaping of payloads and errors; the dead-letter and delivery views."""
+eligible and ineligible rows; escaping of payloads and errors; the dead-letter and delivery views;
+a job's recorded steps, bounded."""
+
+import html
+import json
+import re
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.urls import reverse
+from django.utils import timezone
 
 from django_dbqueue import enqueue, store
 from django_dbqueue.deliveries import begin_delivery
-from tests.utils import job_row, scalar
+from django_dbqueue.models import JobStep
+from tests.utils import job_row, scalar, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -411,3 +419,135 @@ def test_change_page_shows_the_workflow_with_states_and_links(as_user):
     group(("noop", {}), then=("noop", {}))
     summary = client.get(reverse(CHANGELIST)).content.decode()
     assert "<td>default</td><td>3</td><td>0</td><td>1</td>" in summary
+
+
+JOB_PAGE = "admin:django_dbqueue_backgroundjob_change"
+STEP_ROW = re.compile(
+    r"<tr><td>(.*?)</td><td>(.*?)</td><td>(.*?)</td><td><code[^>]*>(.*?)</code></td></tr>", re.S
+)
+
+
+def step_rows(page):
+    """``[(step, attempt, finished at, result)]`` of the page's Steps table, unescaped."""
+    table = page[page.index('<table class="dbqueue-steps">') :]
+    table = table[: table.index("</table>")]
+    return [tuple(html.unescape(cell) for cell in row) for row in STEP_ROW.findall(table)]
+
+
+def add_steps(job_id, count, name="item"):
+    """``count`` recorded steps ``name`` #1..#count, result ``{"n": occurrence}``, attempt 1."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO dbqueue_step (job_id, name, occurrence, result, attempt, finished_at)
+               SELECT %s, %s, g, jsonb_build_object('n', g), 1, now()
+               FROM generate_series(1, %s) AS g""",
+            [job_id, name, count],
+        )
+
+
+def finished_at(job_id):
+    return {
+        (name, n): timezone.localtime(at).strftime("%Y-%m-%d %H:%M:%S")
+        for name, n, _, at, _ in store.list_steps("default", job_id)
+    }
+
+
+def test_change_page_shows_the_steps_a_run_recorded(as_user, start_worker):
+    # ship fails on attempt 1: the steps before it were recorded by attempt 1, the rest by 2.
+    five = enqueue("five-steps", {"fail_in": "ship"}).id
+    loop = enqueue("loop-steps", {"items": [5, 6, 7]}).id
+    start_worker()
+    for job_id in (five, loop):
+        wait_until(lambda j=job_id: job_row(j)["state"] == "done", message=f"job {job_id} done")
+    client = as_user()  # view only
+    page = client.get(reverse(JOB_PAGE, args=[five])).content.decode()
+    assert ">Steps</h" in page and "Recorded steps" in page
+    when = finished_at(five)
+    assert step_rows(page) == [
+        (name, str(attempt), when[(name, 1)], json.dumps({"step": name, "attempt": attempt}))
+        for name, attempt in [
+            ("reserve", 1),
+            ("charge", 1),
+            ("wait-warehouse", 1),
+            ("ship", 2),
+            ("email", 2),
+        ]
+    ]
+    assert "more:" not in page
+    # The n-th call of a name in a run is "name #n".
+    rows = step_rows(client.get(reverse(JOB_PAGE, args=[loop])).content.decode())
+    assert [(row[0], row[3]) for row in rows] == [
+        ("item", "10"),
+        ("item #2", "12"),
+        ("item #3", "14"),
+    ]
+    # A job without steps says so; steps are never a page of their own (no add, no change).
+    alone = enqueue("noop").id
+    page = client.get(reverse(JOB_PAGE, args=[alone])).content.decode()
+    assert "none recorded" in page and "dbqueue-steps" not in page
+    assert not admin.site.is_registered(JobStep)
+
+
+def test_steps_are_escaped_and_long_results_cut(as_user):
+    job_id = enqueue("noop").id
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO dbqueue_step (job_id, name, occurrence, result, attempt) VALUES
+               (%s, '<b>bold</b>', 1, '"<script>alert(1)</script>"', 1),
+               (%s, 'long', 1, to_jsonb(repeat('x', 5000)), 1),
+               (%s, 'nothing', 1, NULL, 1)""",
+            [job_id, job_id, job_id],
+        )
+    page = as_user().get(reverse(JOB_PAGE, args=[job_id])).content.decode()
+    assert "<b>bold</b>" not in page and "<script>alert(1)" not in page
+    assert "&lt;b&gt;bold&lt;/b&gt;" in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    rows = {row[0]: row[3] for row in step_rows(page)}
+    assert rows["long"] == '"' + "x" * 196 + "..."  # 200 characters, cut with "..."
+    assert rows["nothing"] == "null"
+
+
+def test_change_page_shows_the_first_200_steps_and_counts_the_rest(
+    as_user, django_assert_max_num_queries
+):
+    job_id = enqueue("noop").id
+    add_steps(job_id, 10_000)
+    client = as_user()
+    with django_assert_max_num_queries(10):  # as many as for a job without steps
+        page = client.get(reverse(JOB_PAGE, args=[job_id])).content.decode()
+    rows = step_rows(page)
+    assert len(rows) == 200
+    assert [rows[0][0], rows[1][0], rows[-1][0]] == ["item", "item #2", "item #200"]
+    assert rows[-1][3] == '{"n": 200}'
+    assert "and 9,800 more: the first 200 of 10,000 are shown, in the order they finished" in page
+
+
+def test_the_dead_letter_page_shows_the_steps_too(as_user):
+    job_id = enqueue("noop").id
+    add_steps(job_id, 3, name="fetch")
+    set_state(job_id, "dead")
+    page = (
+        as_user()
+        .get(reverse("admin:django_dbqueue_deadletter_change", args=[job_id]))
+        .content.decode()
+    )
+    assert [row[0] for row in step_rows(page)] == ["fetch", "fetch #2", "fetch #3"]
+
+
+def test_steps_need_the_jobs_view_permission(client):
+    job_id = enqueue("noop").id
+    add_steps(job_id, 2, name="secret-step")
+    set_state(job_id, "dead")
+    user = User.objects.create_user("no-jobs", password="pw", is_staff=True)
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="django_dbqueue", codename="view_jobdelivery"
+        )
+    )
+    client.force_login(user)
+    for page in (JOB_PAGE, "admin:django_dbqueue_deadletter_change"):
+        response = client.get(reverse(page, args=[job_id]))
+        assert response.status_code == 403, page
+        assert "secret-step" not in response.content.decode()
+    client.logout()
+    response = client.get(reverse(JOB_PAGE, args=[job_id]))
+    assert response.status_code == 302 and "/login/" in response["Location"]

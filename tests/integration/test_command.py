@@ -1,11 +1,17 @@
-"""run_jobqueue argument validation (the worker itself is exercised by the acceptance tests)."""
+"""run_jobqueue argument validation (the worker itself is exercised by the acceptance tests), the
+operator commands' refusals, and jobqueue_status --job (one job and its steps)."""
+
+import io
+import json
+import re
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 
-from django_dbqueue import enqueue
-from tests.utils import scalar
+from django_dbqueue import enqueue, store
+from tests.utils import job_row, scalar, wait_until
 
 
 @pytest.mark.parametrize(
@@ -168,3 +174,173 @@ def test_a_database_without_the_worker_registry_says_run_migrate(bare_database):
     assert "has no " in burst.stderr and "dbqueue_worker" in burst.stderr, burst.stderr
     assert "manage.py migrate" in burst.stderr
     assert "dbqueue starting" not in burst.stdout
+
+
+def status_job(*args):
+    """``jobqueue_status --job ...`` through call_command: its standard output."""
+    out = io.StringIO()
+    call_command("jobqueue_status", "--job", *args, stdout=out)
+    return out.getvalue()
+
+
+def database_url():
+    """The test database's URL, for a command run as its own process."""
+    from django.db import connection
+
+    from django_dbqueue.connections import connection_params
+
+    params = connection_params("default")
+    return (
+        f"postgres://{params.get('user', 'postgres')}@{params.get('host', '127.0.0.1')}:"
+        f"{params.get('port', 5432)}/{connection.settings_dict['NAME']}"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_job_prints_the_job_and_the_steps_its_runs_recorded(start_worker):
+    job_id = enqueue("five-steps", {"fail_in": "ship"}).id  # ship fails on attempt 1
+    start_worker()
+    wait_until(lambda: job_row(job_id)["state"] == "done", message=f"job {job_id} done")
+    row = job_row(job_id)
+    lines = status_job(str(job_id)).splitlines()
+    assert lines[:9] == [
+        f"job: {job_id}",
+        "type: five-steps",
+        "queue: default",
+        "state: done",
+        "attempts: 2/5",
+        f"run after: {row['run_after'].isoformat(timespec='seconds')}",
+        f"worker: {row['worker_id'] or '-'}",
+        "last error: RuntimeError: step ship fails on attempt 1 (attempt 1)",
+        "steps: 5",
+    ]
+    steps = [line.split() for line in lines[9:]]
+    assert [(s[0], s[2], s[5:]) for s in steps] == [
+        (name, str(attempt), ['{"step":', f'"{name}",', '"attempt":', f"{attempt}}}"])
+        for name, attempt in [
+            ("reserve", 1),
+            ("charge", 1),
+            ("wait-warehouse", 1),
+            ("ship", 2),
+            ("email", 2),
+        ]
+    ]
+    finished = [
+        at.isoformat(timespec="seconds") for *_, at, _ in store.list_steps("default", job_id)
+    ]
+    assert [s[4] for s in steps] == finished and {s[1] for s in steps} == {"attempt"}
+    # The columns line up: each step's "attempt" starts where the longest name ends, plus two.
+    assert {line.index("attempt") for line in lines[9:]} == {2 + len("wait-warehouse") + 2}
+
+    data = json.loads(status_job(str(job_id), "--json"))
+    assert data["last_error"]["class"] == "RuntimeError" and data["last_error"]["attempt"] == 1
+    del data["last_error"]
+    assert data == {
+        "id": job_id,
+        "type": "five-steps",
+        "queue": "default",
+        "state": "done",
+        "attempts": 2,
+        "max_attempts": 5,
+        "run_after": row["run_after"].isoformat(),
+        "worker_id": row["worker_id"],
+        "steps_total": 5,
+        "steps": [
+            {
+                "name": name,
+                "occurrence": 1,
+                "attempt": attempt,
+                "finished_at": at.isoformat(),
+                "result": {"step": name, "attempt": attempt},
+            }
+            for name, _, attempt, at, _ in store.list_steps("default", job_id)
+        ],
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_job_cuts_long_results_shows_occurrences_and_counts_the_rest():
+    job_id = enqueue("noop").id
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO dbqueue_step (job_id, name, occurrence, result, attempt)
+               SELECT %s, 'item', g, jsonb_build_object('n', g), 1 FROM generate_series(1, 250) g""",
+            [job_id],
+        )
+        cursor.execute(
+            """INSERT INTO dbqueue_step (job_id, name, occurrence, result, attempt) VALUES
+               (%s, 'long', 1, to_jsonb(repeat('y', 5000)), 3),
+               (%s, E'two\\nlines', 1, NULL, 1),
+               (%s, 'escape', 1, to_jsonb(E'\\u009b31m'::text), 1)""",
+            [job_id, job_id, job_id],
+        )
+    lines = status_job(str(job_id)).splitlines()
+    assert lines[7:9] == ["last error: none", "steps: 253 (the first 200 below)"]
+    assert lines[10].split()[:3] == ["item", "#2", "attempt"]
+    assert lines[9].split()[-2:] == ['{"n":', "1}"] and lines[208].split()[:2] == ["item", "#200"]
+    assert lines[209:] == ["  ... and 53 more"]
+    # The JSON has the same 200 steps, whole.
+    data = json.loads(status_job(str(job_id), "--json"))
+    assert data["steps_total"] == 253 and len(data["steps"]) == 200
+    assert data["steps"][199] == {**data["steps"][199], "name": "item", "occurrence": 200}
+    # Within the first 200: the long result is cut to 80 characters, control characters escaped.
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM dbqueue_step WHERE job_id = %s AND name = 'item'", [job_id])
+    lines = status_job(str(job_id)).splitlines()
+    long, two, escape = [
+        at.isoformat(timespec="seconds") for *_, at, _ in store.list_steps("default", job_id)
+    ]
+    assert lines[8:] == [
+        "steps: 3",
+        f"  long        attempt 3  finished {long}  " + '"' + "y" * 76 + "...",
+        f"  two\\nlines  attempt 1  finished {two}  null",
+        f"  escape      attempt 1  finished {escape}  " + '"\\x9b31m"',
+    ]
+    assert json.loads(status_job(str(job_id), "--json"))["steps"][0]["result"] == "y" * 5000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_job_of_a_job_that_does_not_exist_is_an_error_naming_it():
+    with pytest.raises(CommandError, match=r"^--job 987654321: no such job \(it was never"):
+        status_job("987654321")
+    with pytest.raises(CommandError, match="no such job"):
+        status_job("987654321", "--json")
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("x", "argument --job: must be a job id (a whole number), got 'x'"),
+        ("1.5", "argument --job: must be a job id (a whole number), got '1.5'"),
+        ("", "argument --job: must be a job id (a whole number), got ''"),
+        ("0", "argument --job: must be at least 1, got 0"),
+        ("-3", "argument --job: must be at least 1, got -3"),
+        (str(2**63), f"argument --job: must be at most {2**63 - 1}, got {2**63}"),
+    ],
+)
+def test_status_job_refuses_what_is_not_a_job_id(value, fragment):
+    with pytest.raises(CommandError, match=re.escape(fragment)):
+        call_command("jobqueue_status", "--job", value)
+
+
+@pytest.mark.django_db
+def test_status_job_does_not_take_the_queue_checks():
+    with pytest.raises(CommandError, match=re.escape("--fail-on-dead, --fail-on-stuck check the")):
+        call_command("jobqueue_status", "--job", "1", "--fail-on-dead", "0", "--fail-on-stuck")
+    with pytest.raises(CommandError, match="threshold; --fail-on-oldest-pending checks the whole"):
+        call_command("jobqueue_status", "--job", "1", "--fail-on-oldest-pending", "5")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_status_job_on_the_command_line_exits_1_or_2_with_the_reason_on_stderr():
+    job_id = enqueue("noop").id
+    url = database_url()
+    found = manage(url, "jobqueue_status", "--job", str(job_id))
+    assert found.returncode == 0 and f"job: {job_id}\n" in found.stdout, found
+    missing = manage(url, "jobqueue_status", "--job", str(job_id + 1000))
+    assert missing.returncode == 1 and missing.stdout == "", missing
+    assert f"--job {job_id + 1000}: no such job" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    bad = manage(url, "jobqueue_status", "--job", "abc")
+    assert bad.returncode == 2 and "usage:" in bad.stderr, bad
+    assert "argument --job: must be a job id (a whole number), got 'abc'" in bad.stderr

@@ -1,9 +1,10 @@
 import json
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from django_dbqueue import flow, presence, scheduler, store
 from django_dbqueue.conf import get_settings
+from django_dbqueue.management import job_report
 from django_dbqueue.management.arguments import positive_seconds, whole_number
 from django_dbqueue.management.commands.jobqueue_queue import flow_lines
 from django_dbqueue.management.preflight import queue_database
@@ -12,11 +13,19 @@ from django_dbqueue.management.preflight import queue_database
 class Command(BaseCommand):
     help = (
         "Print the queue's health: counts per queue and state, the oldest due job's age, stuck "
-        "and dead jobs, the live workers. Exits 1 when a --fail-on threshold is crossed, for cron and health probes."
+        "and dead jobs, the live workers. Exits 1 when a --fail-on threshold is crossed, for cron and health probes. "
+        "With --job ID, print one job instead: its state, attempts, last error and steps."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+        parser.add_argument(
+            "--job",
+            type=whole_number(1, "a job id (a whole number)"),
+            metavar="ID",
+            help="Print this job (state, attempts, run_after, worker, last error, its steps) "
+            "instead of the queue's health.",
+        )
         parser.add_argument(
             "--fail-on-dead",
             type=whole_number(0),
@@ -38,6 +47,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         conf = get_settings()
         using = queue_database()
+        if options["job"] is not None:
+            self._job(using, options)
+            return
         per_queue = store.status(using, conf.QUEUES)
         totals = {
             key: sum(q[key] for q in per_queue.values())
@@ -124,6 +136,36 @@ class Command(BaseCommand):
                 self.stdout.write("OK")
         if failures:
             raise SystemExit(1)
+
+    def _job(self, using, options):
+        checks = [
+            flag
+            for flag, given in (
+                ("--fail-on-dead", options["fail_on_dead"] is not None),
+                ("--fail-on-stuck", options["fail_on_stuck"]),
+                ("--fail-on-oldest-pending", options["fail_on_oldest_pending"] is not None),
+            )
+            if given
+        ]
+        if checks:
+            raise CommandError(
+                f"--job prints one job and checks no threshold; {', '.join(checks)} "
+                f"{'checks' if len(checks) == 1 else 'check'} the whole queue without --job"
+            )
+        job_id = options["job"]
+        found = job_report.read(
+            using, job_id, result_chars=None if options["json"] else job_report.RESULT_CHARS + 1
+        )
+        if found is None:
+            raise CommandError(
+                f"--job {job_id}: no such job (it was never enqueued, or it finished and was "
+                "deleted, by retention or by hand)"
+            )
+        if options["json"]:
+            self.stdout.write(json.dumps(job_report.as_json(*found), indent=2, sort_keys=True))
+        else:
+            for line in job_report.lines(*found):
+                self.stdout.write(line)
 
     def _table(self, per_queue, totals):
         header = (
