@@ -242,3 +242,19 @@ def signal_job(job_id, name, payload=None, *, using=None):
     if due:
         wakeup.jobs_ready(using, [queue])
     return seq
+
+
+def waiting_for(reason, run_after):
+    """What a job in a durable wait waits for, in words (docs/steps.md), or ``-``."""
+    if not reason:
+        return "-"
+    kind, _, name = reason.partition(":")
+    if kind == "sleep":
+        return f"the end of its sleep {name!r}, {_shown(run_after)}"
+    if run_after is not None and run_after.year >= 9999:
+        return f"the signal {name!r} (no timeout)"
+    return f"the signal {name!r}, or its timeout at {_shown(run_after)}"
+
+
+def _shown(value):
+    return "-" if value is None else value.isoformat(timespec="seconds")

@@ -73,6 +73,8 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "result_pretty",
         "errors_pretty",
         "steps_display",
+        "snoozes",
+        "waiting_for_display",
         "workflow_display",
     ]
     fieldsets = [
@@ -88,7 +90,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
             {"fields": ["unique_key", "unique_while", "unique_held", "serial_key"]},
         ),
         ("Data", {"fields": ["payload_pretty", "result_pretty", "errors_pretty"]}),
-        ("Steps", {"fields": ["steps_display"]}),
+        ("Steps and waits", {"fields": ["waiting_for_display", "snoozes", "steps_display"]}),
         ("Workflow", {"fields": ["workflow_display"]}),
     ]
     change_list_template = "admin/django_dbqueue/change_list.html"
@@ -225,6 +227,14 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         )
 
     @admin.display(description="recorded steps")
+    @admin.display(description="waiting for")
+    def waiting_for_display(self, obj):
+        """What a pending job in a durable wait waits for (docs/steps.md), else a dash."""
+        from ..steps import waiting_for
+
+        waiting = obj.state == "pending" and obj.wait_token == obj.lease_token
+        return waiting_for(obj.wait_reason if waiting else None, obj.run_after)
+
     def steps_display(self, obj):
         """The steps the job recorded (ctx.step), at most job_steps.STEPS_SHOWN of them."""
         return steps_html(obj.pk)

@@ -9,7 +9,7 @@ cut in the database for the text (``RESULT_CHARS``); the JSON carries them whole
 
 import json
 
-from django_dbqueue import store
+from django_dbqueue import steps, store
 
 STEPS_SHOWN = 200
 RESULT_CHARS = 80  # of a step's result JSON, in the text
@@ -68,6 +68,8 @@ FIELDS = [
     ("run after", lambda job: _time(job["run_after"])),
     ("worker", lambda job: job["worker_id"] or "-"),
     ("last error", _last_error),
+    ("snoozes", lambda job: str(job["snoozes"])),
+    ("waiting for", lambda job: steps.waiting_for(job["waiting_for"], job["run_after"])),
 ]
 
 

@@ -309,7 +309,8 @@ def status(using, queues=()):
 # "last error"), and nothing that grows with the job (payload, result, the whole history).
 JOB_STATUS = """
 SELECT id, type, queue, state, attempts, max_attempts, run_after, worker_id,
-       (errors -> -1)::text AS last_error
+       (errors -> -1)::text AS last_error, snoozes,
+       CASE WHEN state = 'pending' AND wait_token = lease_token THEN wait_reason END
 FROM dbqueue_job WHERE id = %(job)s
 """
 JOB_STATUS_FIELDS = (
@@ -322,13 +323,16 @@ JOB_STATUS_FIELDS = (
     "run_after",
     "worker_id",
     "last_error",
+    "snoozes",
+    "waiting_for",
 )
 
 
 def job_status(using, job_id):
     """``{"id", "type", "queue", "state", "attempts", "max_attempts", "run_after", "worker_id",
-    "last_error"}`` of the job (``last_error``: the last error entry as JSON text, or None), or
-    None when there is no such job."""
+    "last_error", "snoozes", "waiting_for"}`` of the job (``last_error``: the last error entry as
+    JSON text, or None; ``waiting_for``: ``"sleep:<name>"`` or ``"signal:<name>"`` while a
+    pending job is in a durable wait, else None), or None when there is no such job."""
     rows = _execute(using, JOB_STATUS, {"job": job_id})
     return dict(zip(JOB_STATUS_FIELDS, rows[0], strict=True)) if rows else None
 

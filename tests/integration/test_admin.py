@@ -461,7 +461,7 @@ def test_change_page_shows_the_steps_a_run_recorded(as_user, start_worker):
         wait_until(lambda j=job_id: job_row(j)["state"] == "done", message=f"job {job_id} done")
     client = as_user()  # view only
     page = client.get(reverse(JOB_PAGE, args=[five])).content.decode()
-    assert ">Steps</h" in page and "Recorded steps" in page
+    assert ">Steps and waits</h" in page and "Recorded steps" in page
     when = finished_at(five)
     assert step_rows(page) == [
         (name, str(attempt), when[(name, 1)], json.dumps({"step": name, "attempt": attempt}))

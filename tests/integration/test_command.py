@@ -203,7 +203,7 @@ def test_status_job_prints_the_job_and_the_steps_its_runs_recorded(start_worker)
     wait_until(lambda: job_row(job_id)["state"] == "done", message=f"job {job_id} done")
     row = job_row(job_id)
     lines = status_job(str(job_id)).splitlines()
-    assert lines[:9] == [
+    assert lines[:11] == [
         f"job: {job_id}",
         "type: five-steps",
         "queue: default",
@@ -212,9 +212,11 @@ def test_status_job_prints_the_job_and_the_steps_its_runs_recorded(start_worker)
         f"run after: {row['run_after'].isoformat(timespec='seconds')}",
         f"worker: {row['worker_id'] or '-'}",
         "last error: RuntimeError: step ship fails on attempt 1 (attempt 1)",
+        "snoozes: 0",
+        "waiting for: -",
         "steps: 5",
     ]
-    steps = [line.split() for line in lines[9:]]
+    steps = [line.split() for line in lines[11:]]
     assert [(s[0], s[2], s[5:]) for s in steps] == [
         (name, str(attempt), ['{"step":', f'"{name}",', '"attempt":', f"{attempt}}}"])
         for name, attempt in [
@@ -230,7 +232,7 @@ def test_status_job_prints_the_job_and_the_steps_its_runs_recorded(start_worker)
     ]
     assert [s[4] for s in steps] == finished and {s[1] for s in steps} == {"attempt"}
     # The columns line up: each step's "attempt" starts where the longest name ends, plus two.
-    assert {line.index("attempt") for line in lines[9:]} == {2 + len("wait-warehouse") + 2}
+    assert {line.index("attempt") for line in lines[11:]} == {2 + len("wait-warehouse") + 2}
 
     data = json.loads(status_job(str(job_id), "--json"))
     assert data["last_error"]["class"] == "RuntimeError" and data["last_error"]["attempt"] == 1
@@ -244,6 +246,8 @@ def test_status_job_prints_the_job_and_the_steps_its_runs_recorded(start_worker)
         "max_attempts": 5,
         "run_after": row["run_after"].isoformat(),
         "worker_id": row["worker_id"],
+        "snoozes": 0,
+        "waiting_for": None,
         "steps_total": 5,
         "steps": [
             {
@@ -275,10 +279,15 @@ def test_status_job_cuts_long_results_shows_occurrences_and_counts_the_rest():
             [job_id, job_id, job_id],
         )
     lines = status_job(str(job_id)).splitlines()
-    assert lines[7:9] == ["last error: none", "steps: 253 (the first 200 below)"]
-    assert lines[10].split()[:3] == ["item", "#2", "attempt"]
-    assert lines[9].split()[-2:] == ['{"n":', "1}"] and lines[208].split()[:2] == ["item", "#200"]
-    assert lines[209:] == ["  ... and 53 more"]
+    assert lines[7:11] == [
+        "last error: none",
+        "snoozes: 0",
+        "waiting for: -",
+        "steps: 253 (the first 200 below)",
+    ]
+    assert lines[12].split()[:3] == ["item", "#2", "attempt"]
+    assert lines[11].split()[-2:] == ['{"n":', "1}"] and lines[210].split()[:2] == ["item", "#200"]
+    assert lines[211:] == ["  ... and 53 more"]
     # The JSON has the same 200 steps, whole.
     data = json.loads(status_job(str(job_id), "--json"))
     assert data["steps_total"] == 253 and len(data["steps"]) == 200
@@ -290,7 +299,7 @@ def test_status_job_cuts_long_results_shows_occurrences_and_counts_the_rest():
     long, two, escape = [
         at.isoformat(timespec="seconds") for *_, at, _ in store.list_steps("default", job_id)
     ]
-    assert lines[8:] == [
+    assert lines[10:] == [
         "steps: 3",
         f"  long        attempt 3  finished {long}  " + '"' + "y" * 76 + "...",
         f"  two\\nlines  attempt 1  finished {two}  null",

@@ -238,3 +238,33 @@ def test_a_short_snooze_is_claimed_when_it_comes_due_not_at_the_poll(start_worke
     row = wait_for(job_id, lambda r: r["state"] == "done", "done", timeout=20)
     assert row["snoozes"] == 2
     assert time.monotonic() - started < 10  # the 60 s poll never came into it
+
+
+def test_the_status_command_and_the_admin_show_what_a_job_waits_for(start_worker, admin_client):
+    import io
+    import json as jsonlib
+
+    from django.core.management import call_command
+
+    job_id = enqueue("approver", {"timeout": 3600}).id
+    snoozed = enqueue("snoozer", {"times": 1}).id
+    start_worker()
+    wait_for(job_id, lambda r: waiting(r, "signal:approve"), "waiting for its signal")
+    wait_for(snoozed, lambda r: r["state"] == "done", "done")
+    out = io.StringIO()
+    call_command("jobqueue_status", "--job", str(job_id), stdout=out)
+    text = out.getvalue()
+    assert "waiting for: the signal 'approve', or its timeout at " in text
+    assert "snoozes: 0" in text and "signal:approve" in text  # its wait's record, as a step
+    out = io.StringIO()
+    call_command("jobqueue_status", "--job", str(snoozed), "--json", stdout=out)
+    report = jsonlib.loads(out.getvalue())
+    assert (report["snoozes"], report["waiting_for"]) == (1, None)
+    page = admin_client.get(f"/admin/django_dbqueue/backgroundjob/{job_id}/change/")
+    assert page.status_code == 200
+    assert "the signal &#x27;approve&#x27;, or its timeout at" in page.content.decode()
+    signal_job(job_id, "approve", "ok")
+    wait_for(job_id, lambda r: r["state"] == "done", "done")
+    out = io.StringIO()
+    call_command("jobqueue_status", "--job", str(job_id), stdout=out)
+    assert "waiting for: -" in out.getvalue()
