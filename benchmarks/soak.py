@@ -16,8 +16,9 @@ with the times it saw processes die). It touches no other database. Then, for ``
   own limits (``soak-typed``: 2 at once, 6/s per ``acct``, in any queue), jobs with serial keys
   and unique keys, chains, groups with a callback, graphs with ``on_failure="run"`` edges, jobs
   depending on jobs already enqueued (some inside a transaction it keeps open for seconds),
-  guarded effects (a delivery record; an atomic handler) and handlers that hang past their
-  timeout;
+  guarded effects (a delivery record; an atomic handler), handlers that hang past their
+  timeout, and jobs of durable steps (``soak-steps``: three ``ctx.step`` calls, failing or slow
+  in one of them as the payload says);
 - an operator requeues dead and cancelled jobs (by id, and all dead ones at once), cancels
   pending, waiting and running jobs, pauses queues and resumes them;
 - faults: ``kill -9`` of a worker's process group (started again a little later),
@@ -67,7 +68,8 @@ if str(REPO) not in sys.path:
 STEP = 0.1  # seconds per step of the schedule
 QUEUE_ORDERS = ["default,limited,rated", "rated,limited,default", "limited,default,rated"]
 PAUSABLE = ["limited", "rated", "default"]
-REQUEUABLE = ("soak-work", "soak-typed", "soak-hang")  # guarded types are never run again
+# Guarded types are never run again; a requeued soak-steps job keeps its recorded steps.
+REQUEUABLE = ("soak-work", "soak-typed", "soak-hang", "soak-steps")
 WITNESS_EVERY = 0.02
 STALL = 20.0  # seconds without any job changing state that end the drain (a hang lasts 4-8 s)
 RESET_TABLES = [
@@ -76,10 +78,13 @@ RESET_TABLES = [
     "dbqueue_delivery",
     "dbqueue_queue",
     "dbqueue_limiter",
+    "dbqueue_step",
+    "dbqueue_signal",
     "soak_run",
     "soak_effect",
     "soak_transition",
     "soak_witness",
+    "soak_step_body",
 ]
 
 
@@ -635,6 +640,7 @@ class Soak:
         ("atomic", 4),
         ("hang", 2),
         ("partitions", 4),
+        ("steps", 5),
     ]
 
     def payload(self, rng, *, fail_rate=0.25):
@@ -773,6 +779,15 @@ class Soak:
 
     def _produce_atomic(self, d, payload, rng):
         return self._one("soak-atomic", payload)
+
+    def _produce_steps(self, d, payload, rng):
+        """Three durable steps (soakapp.jobs.steps), ``ms`` each; the payload's failures
+        (``fail``) happen in one of them, and three jobs in ten have one slow step (1 to 3 s)
+        that faults are likely to find a body in."""
+        payload["fail_step"] = int(d[0] * 3)
+        if d[1] < 0.3:
+            payload["slow"], payload["slow_ms"] = int(d[2] * 3), 1000 + int(d[3] * 2000)
+        return self._one("soak-steps", payload)
 
     def _produce_hang(self, d, payload, rng):
         options = {"serial_key": f"s{int(d[1] * 5)}"} if d[0] < 0.3 else {}
@@ -983,6 +998,12 @@ class Soak:
             f"{dict(sorted(faults.items()))}"
         )
         print(f"worker exits by code: {dict(sorted(self.exits.items()))}")
+        steps = self.checker.step_stats
+        print(
+            f"durable steps: {steps.jobs_done} soak-steps jobs done; step bodies started "
+            f"{steps.started}, finished {steps.finished}, steps recorded {steps.recorded}; "
+            f"finished but not recorded, excused: {dict(sorted(steps.again.items()))}"
+        )
         if errors:
             print(f"action errors: {errors}")
             for text in self.facts.errors[:10]:

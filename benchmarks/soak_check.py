@@ -56,7 +56,28 @@ The invariants:
 - ``deadlock``: a worker's log (or an operator's error) saying ``deadlock detected``;
 - ``lease-lost``: see above;
 - ``harness``: a run the soak could not record (its recording statement failed): the soak's own
-  failure, reported so that it never passes for a clean run.
+  failure, reported so that it never passes for a clean run;
+- the durable steps of ``soak-steps`` (``ctx.step``; each body writes a ``start`` row and, as
+  its last act, an ``end`` row, with its run and ``now()``, in ``soak_step_body``), see
+  :func:`step_violations`:
+
+  - ``step-after-record``: a step's body started after the step was recorded (its ``start``
+    later than the record's ``finished_at``, the ``now()`` of the record's own autocommit
+    INSERT). Always a violation: whoever ran it, zombie or not, the step ran again after it
+    was recorded, which docs/steps.md says never happens. (A run reads its job's records once,
+    at its first step: a zombie stopped in code between two steps runs the second after the
+    job's next run recorded it. The soak's handler has no code between its steps, so only a
+    stop in the microseconds between one step's record and the next body's start can do it.);
+  - ``step-unrecorded``: a body that finished (its ``end`` row) in a run other than the one
+    whose record the job kept, with nothing to excuse it. A body may finish without its record
+    committing, and so run again, only when its run died (a process or thread known dead and
+    no recorded end: the kill came between the body's end and the record's commit), when its
+    run lost its lease to a fault the soak injected (a zombie: its record is fenced out), when
+    the soak terminated its worker's sessions during the run (the record's INSERT lost its
+    connection), or when the record the job kept was written by such a zombie (the job's next
+    run found the step recorded already, after running it). Nothing else;
+  - ``step-records``: a ``done`` job whose recorded steps are not exactly the handler's
+    (``STEP_KEYS``: each name and occurrence once), or a record whose run wrote no ``end``.
 """
 
 from __future__ import annotations
@@ -74,6 +95,14 @@ RATES = {
 }
 PERSIST = datetime.timedelta(seconds=3)
 EXCUSES = {"stop", "terminate", "kill"}  # faults that keep a live worker from heartbeating
+
+# The steps of a soak-steps job, in the order its handler calls them: (name, occurrence). The
+# same name twice makes two steps, as ctx.step numbers them (benchmarks/soakapp/jobs.py).
+STEP_TYPE = "soak-steps"
+STEP_KEYS = (("reserve", 1), ("item", 1), ("item", 2))
+# A terminate fault excuses a run's unrecorded step when it came within the run, give or take
+# this much (the soak's clock against the database's, and the call's own time).
+TERMINATE_SLACK = datetime.timedelta(seconds=1)
 
 # Each run with its claim's lease token and the moment the sweeper took that lease back. The
 # claim is the job's last claim of the run's attempt before the run started: the token the
@@ -180,6 +209,26 @@ FROM dbqueue_job AS j, jsonb_array_elements(j.errors) AS e
 WHERE e ->> 'traceback' LIKE '%%in _record%%'
 ORDER BY j.id LIMIT 20
 """
+# Durable steps. Read in this order: the records, then the done jobs with theirs (one
+# snapshot), then the bodies. A body's end row commits before its record, so every record read
+# finds its run's end row; and the runs (read first of all, RUNS) that had ended had committed
+# their records and rows before.
+STEP_RECORDS = """
+SELECT s.job_id, s.name, s.occurrence, s.attempt, s.finished_at, (s.result ->> 'run')::bigint
+FROM dbqueue_step AS s JOIN dbqueue_job AS j ON j.id = s.job_id
+WHERE j.type = %s
+"""
+STEP_DONE = """
+SELECT j.id, array_agg(ARRAY[s.name, s.occurrence::text] ORDER BY s.id)
+                 FILTER (WHERE s.id IS NOT NULL)
+FROM dbqueue_job AS j LEFT JOIN dbqueue_step AS s ON s.job_id = j.id
+WHERE j.type = %s AND j.state = 'done'
+GROUP BY j.id
+"""
+STEP_BODIES = """
+SELECT id, job_id, run_id, name, occurrence, attempt, phase, at FROM soak_step_body ORDER BY id
+"""
+
 LEFT = """
 SELECT state, count(*), (array_agg(id ORDER BY id))[1:10] FROM dbqueue_job
 WHERE state NOT IN ('done', 'dead', 'cancelled') GROUP BY state ORDER BY state
@@ -201,6 +250,148 @@ class Facts:
     sweep: float = 0.25
 
 
+@dataclass(frozen=True)
+class StepRun:
+    """What the step invariants need of a handler run (``Checker._runs`` works it out)."""
+
+    worker: str
+    started: datetime.datetime
+    ended: datetime.datetime | None  # its recorded end (None: still running, or it died)
+    dead: bool = False  # its process or thread is known dead
+    zombie: bool = False  # its lease was taken over while the soak kept its worker silent
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    job: int
+    name: str
+    occurrence: int
+    attempt: int
+    finished_at: datetime.datetime
+    run: int | None  # the run whose body returned the recorded result (the result's "run")
+
+
+@dataclass(frozen=True)
+class StepBody:
+    id: int
+    job: int
+    run: int
+    name: str
+    occurrence: int
+    attempt: int
+    phase: str  # "start" or "end"
+    at: datetime.datetime
+
+
+@dataclass
+class StepStats:
+    jobs_done: int = 0
+    started: int = 0
+    finished: int = 0
+    recorded: int = 0
+    again: collections.Counter = field(default_factory=collections.Counter)  # excuse -> bodies
+
+
+def _terminated(run, faults):
+    begin, end = run.started - TERMINATE_SLACK, run.ended and run.ended + TERMINATE_SLACK
+    return any(
+        kind == "terminate" and tag == run.worker and at >= begin and (end is None or at <= end)
+        for kind, tag, at, _until in faults
+    )
+
+
+def _step_excuse(run, recorder, faults):
+    """Why a body that finished in ``run`` may have gone unrecorded (None: nothing excuses it).
+    ``recorder`` is the run whose record the job kept, if any."""
+    if run.zombie:
+        return "zombie"
+    if run.dead and run.ended is None:
+        return "died"
+    if _terminated(run, faults):
+        return "terminated"
+    if recorder is not None and recorder.zombie:
+        return "recorded by a zombie"
+    return None
+
+
+def step_violations(records, bodies, runs, faults, done, stats=None):
+    """The step invariants over what was read: ``records`` (:class:`StepRecord`), ``bodies``
+    (:class:`StepBody`), ``runs`` ({run id: :class:`StepRun`}, the runs known when the records
+    were read), ``faults`` (``Facts.faults``), ``done`` ([(job id, [(name, occurrence)])] of
+    the done jobs with their records, read in one snapshot). Returns ``[(kind, key, text)]``;
+    counts into ``stats`` (a :class:`StepStats`) if given."""
+    stats = stats if stats is not None else StepStats()
+    out = []
+    kept = {(r.job, r.name, r.occurrence): r for r in records}
+    ends = collections.defaultdict(list)
+    for body in bodies:
+        key = (body.job, body.name, body.occurrence)
+        record = kept.get(key)
+        if body.phase == "start":
+            stats.started += 1
+            if record is not None and body.at > record.finished_at:
+                run = runs.get(body.run)
+                who = f"worker {run.worker}" if run else "a run not known yet"
+                out.append((
+                    "step-after-record",
+                    (*key, body.run),
+                    f"job {body.job} step {body.name} #{body.occurrence} ran again after it was "
+                    f"recorded: its body started at {body.at:%H:%M:%S.%f} in run {body.run} "
+                    f"(attempt {body.attempt}, {who}{', a zombie' if run and run.zombie else ''}),"
+                    f" after the record of run {record.run} (attempt {record.attempt}) at "
+                    f"{record.finished_at:%H:%M:%S.%f}",
+                ))  # fmt: skip
+        else:
+            stats.finished += 1
+            ends[key].append(body)
+    stats.recorded += len(records)
+    for key, record in kept.items():
+        if record.run not in {b.run for b in ends.get(key, ())}:
+            out.append((
+                "step-records",
+                key,
+                f"job {key[0]} step {key[1]} #{key[2]} is recorded as finished by run "
+                f"{record.run} (attempt {record.attempt}), whose body wrote no end",
+            ))  # fmt: skip
+    for key, finished in ends.items():
+        record = kept.get(key)
+        recorder = runs.get(record.run) if record is not None else None
+        for body in finished:
+            if record is not None and body.run == record.run:
+                continue  # the body whose result the job kept
+            run = runs.get(body.run)
+            if run is None or (run.ended is None and not run.dead and not run.zombie):
+                continue  # still running: its record may be on its way
+            excuse = _step_excuse(run, recorder, faults)
+            if excuse is not None:
+                stats.again[excuse] += 1
+                continue
+            others = [b.run for b in finished if b.run != body.run]
+            out.append((
+                "step-unrecorded",
+                (*key, body.run),
+                f"job {key[0]} step {key[1]} #{key[2]}: its body finished at "
+                f"{body.at:%H:%M:%S.%f} in run {body.run} (attempt {body.attempt}, worker "
+                f"{run.worker}), which went on, but the step was not recorded by it "
+                + (f"(the record is run {record.run}'s)" if record else "(no record)")
+                + (f"; it finished in runs {others} too" if others else "")
+                + ": its run neither died, nor lost its lease to a fault, nor had its sessions "
+                "terminated",
+            ))  # fmt: skip
+    want = sorted(STEP_KEYS)
+    for job_id, keys in done:
+        stats.jobs_done += 1
+        got = sorted((name, int(n)) for name, n in keys or ())
+        if got != want:
+            out.append((
+                "step-records",
+                (job_id,),
+                f"job {job_id} is done with the steps {got} recorded; its handler runs {want}, "
+                "each recorded once",
+            ))  # fmt: skip
+    return out
+
+
 @dataclass
 class Violation:
     kind: str
@@ -215,6 +406,8 @@ class Checker:
         self.log_paths = log_paths
         self.found = {}  # (kind, key) -> Violation, in the order found
         self.zombies = set()
+        self.step_runs = {}  # run id -> StepRun, from the last pass over the runs
+        self.step_stats = StepStats()
         self.unseen_deaths = 0
         self._waiting_seen = {}  # (job, waiting_on, holding, unfinished==0) -> first seen
 
@@ -232,6 +425,7 @@ class Checker:
         self._workflow()
         self._waiting(now)
         self._effects()
+        self._steps()
         self._unrecorded()
         self._deadlocks()
         if final:
@@ -260,6 +454,7 @@ class Checker:
         """``[(run, begin, end)]``: each run's interval as the invariants count it."""
         out = []
         self.zombies = set()
+        step_runs = {}
         for row in self.conn.execute(RUNS).fetchall():
             run = dict(zip(RUN_FIELDS, row, strict=True))
             end = run["ended"]
@@ -290,7 +485,15 @@ class Checker:
                         f"was neither stopped, disconnected nor killed by the soak"
                         + self._holds_before(taken),
                     )
+            step_runs[run["id"]] = StepRun(
+                worker=run["worker"],
+                started=run["started"],
+                ended=run["ended"],
+                dead=process in self.facts.deaths or thread in self.facts.thread_deaths,
+                zombie=run["id"] in self.zombies,
+            )
             out.append((run, run["started"], end or now))
+        self.step_runs = step_runs
         return out
 
     def _holds_before(self, taken):
@@ -430,6 +633,19 @@ class Checker:
                 f"job {job_id}: its run could not be recorded ({cls}: {message}); "
                 f"the soak's record is incomplete",
             )
+
+    def _steps(self):
+        records = [
+            StepRecord(*row) for row in self.conn.execute(STEP_RECORDS, [STEP_TYPE]).fetchall()
+        ]
+        done = self.conn.execute(STEP_DONE, [STEP_TYPE]).fetchall()
+        bodies = [StepBody(*row) for row in self.conn.execute(STEP_BODIES).fetchall()]
+        self.step_stats = StepStats()
+        found = step_violations(
+            records, bodies, self.step_runs, list(self.facts.faults), done, self.step_stats
+        )
+        for kind, key, text in found:
+            self._add(kind, key, text)
 
     def _effects(self):
         for key, n, job_id in self.conn.execute(EFFECTS).fetchall():

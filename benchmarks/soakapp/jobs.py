@@ -7,6 +7,10 @@ lease was taken over before it started, which is why the checker finds each run'
 job's transitions) on a connection of its own in autocommit, so a run
 whose job is later rolled back, fenced or killed still leaves its record; a run whose process
 dies leaves a start with no end, which the checker closes at the process's death.
+
+``soak-steps`` runs durable steps (``ctx.step``); each step's body records its start and, as the
+last thing it does, its end in ``soak_step_body`` the same way, with the run's ``soak_run`` id,
+so the checker can tell a body that ran again from the one whose record the job kept.
 """
 
 import multiprocessing
@@ -17,6 +21,7 @@ import time
 import psycopg
 from django.db import connection
 
+from benchmarks.soak_check import STEP_KEYS
 from django_dbqueue import DiscardJob, deliver, job
 from django_dbqueue.connections import connection_params
 
@@ -36,6 +41,12 @@ RETURNING id
 """
 
 END = "UPDATE soak_run SET ended_at = clock_timestamp(), outcome = %s WHERE id = %s"
+
+BODY = """
+INSERT INTO soak_step_body (job_id, run_id, name, occurrence, attempt, phase, at)
+VALUES (%s, %s, %s, %s, %s, %s, now())
+RETURNING id
+"""
 
 EFFECT = """
 INSERT INTO soak_effect (key, n, job_id) VALUES (%s, 1, %s)
@@ -102,6 +113,7 @@ def recorded(body):
                 "job": ctx.id,
             },
         )
+        _local.run = row[0] if row is not None else None  # the step bodies' run (step_body)
         outcome = "raised"
         try:
             result = body(ctx)
@@ -130,6 +142,33 @@ def work(ctx):
     if ctx.attempt in payload.get("fail", ()):
         raise RuntimeError(f"failed on attempt {ctx.attempt}, as the payload asked")
     return {"attempt": ctx.attempt}
+
+
+def step_body(ctx, index):
+    """The body of the step ``STEP_KEYS[index]``: a ``start`` row, work (``slow_ms`` in the
+    ``slow`` step, else ``ms``; stopping at a cancel unless ``ignore_cancel``), fail in the
+    ``fail_step`` on the attempts listed in ``fail``, and an ``end`` row as its last act. Returns
+    its run's id, so the step's record names the run that finished it."""
+    name, occurrence = STEP_KEYS[index]
+    payload = ctx.payload
+    run = getattr(_local, "run", None)
+    row = [ctx.id, run, name, occurrence, ctx.attempt]
+    _record(BODY, [*row, "start"])
+    ms = payload.get("slow_ms", 1000) if payload.get("slow") == index else payload.get("ms", 50)
+    deadline = time.monotonic() + ms / 1000.0
+    while time.monotonic() < deadline:
+        if not payload.get("ignore_cancel"):
+            ctx.raise_if_cancelled()
+        time.sleep(0.01)
+    if payload.get("fail_step") == index and ctx.attempt in payload.get("fail", ()):
+        raise RuntimeError(f"step {name} #{occurrence} failed on attempt {ctx.attempt}, as asked")
+    _record(BODY, [*row, "end"])
+    return {"run": run, "attempt": ctx.attempt}
+
+
+def steps(ctx):
+    """Durable steps, one after another, nothing between them: each runs once per job."""
+    return [ctx.step(name, step_body, ctx, i) for i, (name, _n) in enumerate(STEP_KEYS)]
 
 
 def hang(ctx):
@@ -163,6 +202,7 @@ job(
     global_concurrency=2,
     rate_limit={"limit": 6, "period": 1.0, "key": "acct"},
 )(recorded(work))
+job("soak-steps", queue="default", max_attempts=3)(recorded(steps))
 job("soak-hang", queue="limited", max_attempts=2, timeout=TIMEOUT)(recorded(hang))
 job("soak-deliver", queue="default", max_attempts=3)(recorded(guarded_delivery))
 job("soak-atomic", queue="default", max_attempts=3, atomic=True, timeout=10)(
