@@ -9,7 +9,7 @@ import time
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from django_dbqueue import InvalidArgument, PayloadError, enqueue, signal_job, store
 from django_dbqueue.steps import NEVER
@@ -182,16 +182,20 @@ def test_a_signal_racing_the_wait_is_never_lost(order):
         result = {}
 
         def wait():
-            result["row"] = store.snooze(
-                "default",
-                job_id=job_id,
-                token=42,
-                until=NEVER.isoformat(),
-                counts=False,
-                limit=1000,
-                reason="signal:approve",
-                seen=seen,
-            )
+            try:
+                result["row"] = store.snooze(
+                    "default",
+                    job_id=job_id,
+                    token=42,
+                    until=NEVER.isoformat(),
+                    counts=False,
+                    limit=1000,
+                    reason="signal:approve",
+                    seen=seen,
+                )
+            finally:
+                if threading.current_thread() is not threading.main_thread():
+                    connections.close_all()  # this thread's own connection, not left to the GC
 
         if order == "signal-commits-during-the-snooze":
             # The signal's transaction has the job's row when the run writes its wait: the wait
@@ -205,6 +209,7 @@ def test_a_signal_racing_the_wait_is_never_lost(order):
             )
             other.commit()
             waiter.join(10)
+            assert not waiter.is_alive(), "the wait never finished after the signal committed"
         else:
             # The wait has committed; the signal then finds it waiting and makes it due.
             wait()
