@@ -64,10 +64,10 @@ The invariants:
   - ``step-after-record``: a step's body started after the step was recorded (its ``start``
     later than the record's ``finished_at``, the ``now()`` of the record's own autocommit
     INSERT). Always a violation: whoever ran it, zombie or not, the step ran again after it
-    was recorded, which docs/steps.md says never happens. (A run reads its job's records once,
-    at its first step: a zombie stopped in code between two steps runs the second after the
-    job's next run recorded it. The soak's handler has no code between its steps, so only a
-    stop in the microseconds between one step's record and the next body's start can do it.);
+    was recorded, which docs/steps.md says never happens. (A run reads its job's records at
+    its first step, and again, fenced by its lease, before any later step once its lease was
+    not renewed for half a lease: a zombie the soak stopped past its lease is told it lost the
+    job, rather than run a step the job's next run recorded.);
   - ``step-unrecorded``: a body that finished (its ``end`` row) in a run other than the one
     whose record the job kept, with nothing to excuse it. A body may finish without its record
     committing, and so run again, only when its run died (a process or thread known dead and

@@ -51,6 +51,8 @@ def claim(w, done=None):
         # A job with a serial key holds its key from its claim on: only for a free thread.
         threads=threads,
     )
+    # Before the statement: the lease it takes ends no sooner than LEASE after this instant.
+    sent = time.monotonic()
     if done:
         try:
             completed, claimed = w.session.execute_pipelined(
@@ -85,7 +87,7 @@ def claim(w, done=None):
     if not rows:
         w.empty_claims += 1
     w.claimed_total += len(rows)
-    entries = [_entry(w, row, token) for row in rows]
+    entries = [_entry(w, row, token, sent) for row in rows]
     if rows.keyed:
         # A keyed job was claimed for a free thread: it goes first (a stable sort keeps the
         # claim's order otherwise), not behind the prefetched ones.
@@ -97,10 +99,12 @@ def claim(w, done=None):
     return len(rows), asked
 
 
-def _entry(w, row, token):
+def _entry(w, row, token, sent):
     job_type = registry.get(row.type)
+    ctx = JobContext(row, worker_id=w.worker_id, using=w.using)
+    ctx._renewed = sent
     return Entry(
-        JobContext(row, worker_id=w.worker_id, using=w.using),
+        ctx,
         token,
         timeout_of(job_type),
         keyed=row.keyed,

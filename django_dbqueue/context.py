@@ -24,7 +24,9 @@ class JobContext:
 
     __slots__ = (
         "_cancelled",
+        "_lease_gone",
         "_on_cancel",
+        "_renewed",
         "_steps",
         "_token",
         "attempt",
@@ -70,6 +72,12 @@ class JobContext:
         self._on_cancel = None  # set while an async handler runs: cancels its task
         self._token = None  # the run's lease token (run_handler): fences its step records
         self._steps = None  # steps.Steps, made at the run's first step
+        # What the run knows of its lease, for a step about to run (steps.stored): when it was
+        # last known held (time.monotonic(), taken before the claim or renewal that held it;
+        # None: unknown), and whether this worker gave the run up (the heartbeat found the lease
+        # lost, the watchdog timed the run out, shutdown released it).
+        self._renewed = None
+        self._lease_gone = False
 
     @property
     def cancelled(self):

@@ -33,7 +33,11 @@ class Heartbeat:
         keys = {entry.key for entry in held} | set(worker.acks.pending_keys())
         if not keys:
             return 0, 0
+        sent = time.monotonic()  # the renewed leases end no sooner than LEASE after this
         kept = store.extend_leases(db, sorted(keys), async_commit=worker.async_commit)
+        for entry in held:
+            if entry.ctx.id in kept:
+                entry.ctx._renewed = sent
         # Only a job still held *after* the statement was really lost: one that finished in the
         # meantime has its outcome in the acknowledgement buffer (renewed above) or written.
         cancelling = [job_id for job_id, marked in kept.items() if marked]

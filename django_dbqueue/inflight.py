@@ -116,6 +116,7 @@ class Inflight:
             for entry in entries:
                 if entry.key in self._entries and entry.holds_lease:
                     entry.lost = True
+                    entry.ctx._lease_gone = True
                     lost.append(entry)
         return lost
 
@@ -134,6 +135,8 @@ class Inflight:
                 ):
                     entry.timed_out = True
                     entry.kept_past_timeout = keep(entry)
+                    # Written as failed now: a step the run reaches is not run (steps.stored).
+                    entry.ctx._lease_gone = not entry.kept_past_timeout
                     expired.append(entry)
         return expired
 
@@ -206,4 +209,5 @@ class Inflight:
             released = [e for e in held if e not in kept]
             for entry in released:
                 entry.released = True
+                entry.ctx._lease_gone = True
         return released, kept

@@ -55,6 +55,8 @@ def _row_to_json(ctx, token):
             "created_at": ctx.enqueued_at.isoformat() if ctx.enqueued_at else None,
             "wait": ctx.wait,
             "traceparent": ctx.traceparent,
+            # time.monotonic() is one clock for every process of the machine (CLOCK_MONOTONIC).
+            "renewed": ctx._renewed,
         }
     ).encode()
 
@@ -94,6 +96,7 @@ def _child_main(conn, worker_id, parent_pid):
         except (EOFError, OSError):
             os._exit(0)
         token = message.pop("token")
+        renewed = message.pop("renewed", None)
         created = message.pop("created_at")
         message["created_at"] = datetime.datetime.fromisoformat(created) if created else None
         ctx = JobContext(
@@ -101,6 +104,8 @@ def _child_main(conn, worker_id, parent_pid):
             worker_id=worker_id,
             using=conf.DATABASE,
         )
+        # The child hears of no renewal: past half a lease, its steps check the lease first.
+        ctx._renewed = renewed
         hygiene.before()
         running[0] = ctx
         try:

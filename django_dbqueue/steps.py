@@ -16,6 +16,7 @@ still wants a delivery record (deliveries.py). docs/steps.md has the guarantees 
 import datetime
 import json
 import threading
+import time
 
 from django.db import connections
 
@@ -62,6 +63,15 @@ class Steps:
             self._recorded = store.load_steps(ctx.using, ctx.id)
         return self._recorded
 
+    def reread(self, ctx):
+        """Read the records again, fenced by the run's lease: raises ``LeaseLost`` when the
+        run no longer holds the job."""
+        recorded = store.load_held_steps(ctx.using, ctx.id, ctx._token)
+        if recorded is None:
+            raise _lost(ctx, "before it ran")
+        self._recorded = recorded
+        return recorded
+
 
 def check_name(where, name, limit=MAX_NAME):
     if not isinstance(name, str) or not name.strip():
@@ -94,11 +104,35 @@ def decode(text):
     return None if text is None else json.loads(text)
 
 
+def _lost(ctx, when):
+    return LeaseLost(
+        f"job #{ctx.id}: this run no longer holds the job (its lease expired and another run "
+        f"may have taken it, or this worker gave the run up); the step was not run, {when}"
+    )
+
+
+def _lease_in_doubt(ctx):
+    """Whether the run may have lost its lease without hearing of it: no renewal known for half
+    a lease (a process paused, a heartbeat stalled, a child process that hears of none)."""
+    renewed = ctx._renewed
+    return renewed is None or time.monotonic() - renewed > ctx.lease_seconds / 2
+
+
 def stored(ctx, key):
-    """``(True, result)`` for a recorded step, else ``(False, None)``."""
-    recorded = ctx._steps.recorded(ctx)
+    """``(True, result)`` for a recorded step, else ``(False, None)``: then the step is about
+    to run, and the run must still hold the job. Records are read once per run; a run that may
+    have lost its lease (a zombie that another run overtook) reads them again, fenced, so that it
+    never runs a step that run recorded. Raises ``LeaseLost`` when the run was given up."""
+    runs = ctx._steps
+    recorded = runs.recorded(ctx)
     if key in recorded:
         return True, decode(recorded[key])
+    if ctx._lease_gone and ctx._token is not None:
+        raise _lost(ctx, "before it ran")
+    if ctx._token is not None and _lease_in_doubt(ctx):
+        recorded = runs.reread(ctx)
+        if key in recorded:
+            return True, decode(recorded[key])
     return False, None
 
 

@@ -73,7 +73,15 @@ from .schedule import (
     schedule_status,
 )
 from .schema import applied_migrations, missing_tables
-from .steps import db_now, list_steps, load_steps, read_signal, save_step, signal_job
+from .steps import (
+    db_now,
+    list_steps,
+    load_held_steps,
+    load_steps,
+    read_signal,
+    save_step,
+    signal_job,
+)
 from .workers import announce_worker, forget_expired_workers, live_workers, withdraw_worker
 from .workflows import dependency_results, insert_workflow, workflow_neighbours
 
@@ -124,6 +132,7 @@ __all__ = [
     "job_steps",
     "list_steps",
     "live_workers",
+    "load_held_steps",
     "load_steps",
     "lock_schedule",
     "lock_schedule_entry",

@@ -14,6 +14,25 @@ def load_steps(using, job_id):
     return {(name, n): result for name, n, result in _execute(using, LOAD_STEPS, {"job": job_id})}
 
 
+# The same, only while the run still holds the job (its lease token, state running); no row at
+# all when it does not, and one row of NULLs for a held job without steps. Read, not locked, as
+# SAVE_STEP reads it: a new claim needs the lease to have expired first.
+LOAD_HELD_STEPS = """
+SELECT s.name, s.occurrence, s.result::text
+FROM dbqueue_job AS j LEFT JOIN dbqueue_step AS s ON s.job_id = j.id
+WHERE j.id = %(job)s AND j.lease_token = %(token)s AND j.state = 'running'
+"""
+
+
+def load_held_steps(using, job_id, token):
+    """:func:`load_steps` while the run with lease ``token`` holds the job; None after it lost
+    it."""
+    rows = _execute(using, LOAD_HELD_STEPS, {"job": job_id, "token": token})
+    if not rows:
+        return None
+    return {(name, n): result for name, n, result in rows if name is not None}
+
+
 # Record a finished step, only while the run still holds the job (its lease token, state
 # running): a run whose lease was lost and whose job another worker took meanwhile records
 # nothing. The job's row is read, not locked: the token only ever changes by a new claim, and

@@ -68,3 +68,42 @@ def test_kill_9_in_each_step_in_turn_repeats_no_finished_step(start_worker, sett
         recorded = [(name, n) for name, n, *_ in store.list_steps("default", job_id)]
         assert recorded == [(step, 1) for step in STEPS], held
         assert row["result"] == [1] * cut + [2] * (len(STEPS) - cut), held
+
+
+def test_a_frozen_run_that_wakes_after_another_finished_the_job_runs_none_of_its_steps(
+    start_worker, settings, tmp_path
+):
+    """The zombie: worker A is frozen (SIGSTOP) between two steps of a job; its lease runs out,
+    worker B takes the job, replays the first step and runs the second. When A wakes, its next
+    step finds that it no longer holds the job (its lease was not renewed for half a lease):
+    the second step's body ran once, in B's run, and A's outcome is discarded."""
+    settings.DBQUEUE = FAST_DBQUEUE
+    hold = tmp_path / "hold"
+    job_id = enqueue("pausing-steps", {"hold": str(hold)}).id
+    worker_a = start_worker(settings=FAST, name="A")
+    wait_until(
+        lambda: bodies(job_id).get(("reserve", "end")) == [1],
+        timeout=30,
+        message="the first run to record its first step",
+    )
+    os.kill(worker_a.pid, signal.SIGSTOP)  # no more heartbeats: the lease runs out
+    try:
+        start_worker(settings=FAST, name="B")
+        wait_until(
+            lambda: job_row(job_id)["state"] == "done",
+            timeout=40,
+            message="the job to be taken over and finished by B",
+        )
+        hold.touch()  # A, woken, goes straight on to its second step
+    finally:
+        os.kill(worker_a.pid, signal.SIGCONT)
+    wait_until(
+        lambda: bodies(job_id).get(("charge-called", "end")) == [2, 1],
+        timeout=15,
+        message="worker A, woken, to have called its second step",
+    )
+    got = bodies(job_id)
+    assert got[("reserve", "start")] == [1] and got[("charge", "start")] == [2], got
+    assert "no longer holds the job" in worker_a.stderr() or "lease lost" in worker_a.stderr()
+    assert job_row(job_id)["result"] == {"step": "charge", "attempt": 2}
+    assert job_row(job_id)["attempts"] == 2

@@ -4,6 +4,7 @@ with its job under retention. In-process workers against the real database; the 
 with real worker processes is tests/acceptance/test_steps_kill.py."""
 
 import json
+import time
 
 import pytest
 from django.db import connection
@@ -111,7 +112,10 @@ def test_a_step_result_that_is_not_json_sends_the_job_to_the_dead_letters(start_
     assert steps_of(job_id) == []
 
 
-def _ctx(job_id, token, attempt=1):
+def _ctx(job_id, token, attempt=1, renewed=0.0):
+    """A run's context as a worker makes it; ``renewed``: how many seconds ago its lease was
+    last known held (None: never)."""
+
     class Row:
         pass
 
@@ -133,6 +137,7 @@ def _ctx(job_id, token, attempt=1):
         setattr(row, name, value)
     ctx = JobContext(row, worker_id="test", using="default")
     ctx._token = token
+    ctx._renewed = None if renewed is None else time.monotonic() - renewed
     return ctx
 
 
@@ -149,7 +154,9 @@ def test_a_run_that_lost_its_lease_records_nothing_and_is_told():
     job_id = enqueue("noop", {}).id
     _hold(job_id, 111)
     calls = []
-    stale = _ctx(job_id, token=999)  # another claim's token: this run lost the job
+    # Another claim's token, its lease renewed just now as far as it knows: the one window in
+    # which a run that lost the job still runs a step (docs/steps.md).
+    stale = _ctx(job_id, token=999)
     with pytest.raises(LeaseLost, match="no longer holds the job"):
         stale.step("charge", lambda: calls.append(1) or "ok")
     assert calls == [1]  # it ran (the run did not know), but nothing was recorded
@@ -159,6 +166,50 @@ def test_a_run_that_lost_its_lease_records_nothing_and_is_told():
     assert steps_of(job_id) == [("charge", 1, 1)]
     # A later run of the holder's job replays it without calling the function.
     assert _ctx(job_id, token=111, attempt=2).step("charge", lambda: 1 / 0) == "ok"
+
+
+def test_a_zombie_run_never_runs_a_step_the_run_that_overtook_it_recorded():
+    """A run paused past its lease (no renewal for half a lease) reads the records again,
+    fenced, before its next step: it is told it lost the job and runs nothing; the run that took
+    the job over replays its own record."""
+    job_id = enqueue("noop", {}).id
+    _hold(job_id, 1)
+    calls = []
+    zombie = _ctx(job_id, token=1)
+    assert zombie.step("reserve", lambda: calls.append("reserve") or 1) == 1  # loads, records
+    # The pause: its lease expires and another run takes the job and records "charge".
+    _hold(job_id, 2)
+    assert _ctx(job_id, token=2, attempt=2).step("reserve", lambda: 1 / 0) == 1
+    assert _ctx(job_id, token=2, attempt=2).step("charge", lambda: "card") == "card"
+    zombie._renewed = time.monotonic() - 31  # it wakes: last renewed over half a lease ago
+    with pytest.raises(LeaseLost, match="the step was not run"):
+        zombie.step("charge", lambda: calls.append("charge") or "again")
+    assert calls == ["reserve"]  # "charge" ran once, in the run that holds the job
+    assert sorted((n, o) for n, o, _ in steps_of(job_id)) == [("charge", 1), ("reserve", 1)]
+
+
+def test_a_run_whose_lease_is_in_doubt_but_held_goes_on_and_one_given_up_stops_at_once(
+    django_assert_num_queries,
+):
+    job_id = enqueue("noop", {}).id
+    _hold(job_id, 7)
+    fresh, slow, unknown = (
+        _ctx(job_id, 7),
+        _ctx(job_id, 7, renewed=45),
+        _ctx(job_id, 7, renewed=None),
+    )
+    assert fresh.step("a", lambda: "a") == "a"
+    with django_assert_num_queries(1):  # renewed just now: the record only, no lease check
+        assert fresh.step("b", lambda: "b") == "b"
+    assert slow.step("a", lambda: 1 / 0) == "a"  # a recorded step replays, no check needed
+    with django_assert_num_queries(2):  # in doubt: the fenced read, then the record
+        assert slow.step("c", lambda: "c") == "c"
+    assert unknown.step("d", lambda: "d") == "d"  # a child process that heard of no renewal
+    gone = _ctx(job_id, 7)
+    gone._lease_gone = True  # the heartbeat found it lost, or the watchdog gave it up
+    with django_assert_num_queries(1), pytest.raises(LeaseLost, match="not run"):
+        gone.step("e", lambda: 1 / 0)  # the first read of the records, no step, no record
+    assert sorted(n for n, _, _ in steps_of(job_id)) == ["a", "b", "c", "d"]
 
 
 def test_bad_step_arguments_are_named_before_anything_runs():

@@ -86,6 +86,21 @@ def _count_bodies(ctx, step):
         return cursor.fetchone()[0]
 
 
+@job("pausing-steps", max_attempts=3)
+def pausing_steps(ctx):
+    """Between its two steps, attempt 1 waits for the file ``hold`` (outside any step): the
+    test freezes its process there, and lets it go on after another run finished the job."""
+    ctx.step("reserve", _body, ctx, "reserve")
+    if ctx.attempt == 1:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(ctx.payload["hold"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    try:
+        return ctx.step("charge", _body, ctx, "charge")
+    finally:
+        _body_row(ctx, "charge-called", "end")  # the step ran or raised: the test may look
+
+
 @job("snoozer", max_attempts=1)
 def snoozer(ctx):
     """Snoozes until it has run ``times`` times, by raising or returning (``returned``)."""
