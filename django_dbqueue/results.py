@@ -42,15 +42,38 @@ class JobFailed(DBQueueError):
         super().__init__(f"job #{job_id} is dead; its last error: {what}")
 
 
-def _job_id(value):
+def _task_result(value, using):
+    """``(job id, database)`` of a ``django.tasks`` ``TaskResult`` of this queue's backend, or
+    None when ``value`` is no TaskResult (Django 5.2 has none)."""
+    try:
+        from django.tasks import TaskResult, task_backends
+    except ImportError:
+        return None
+    if not isinstance(value, TaskResult):
+        return None
+    from ._django_tasks import DBQueueBackend
+
+    backend = task_backends[value.backend]
+    if not isinstance(backend, DBQueueBackend):
+        raise InvalidArgument(
+            f"wait_for_result(): the TaskResult {value.id!r} belongs to the backend "
+            f"{value.backend!r} ({type(backend).__name__}), not to a DBQueueBackend"
+        )
+    return int(value.id), using or backend.using
+
+
+def _job_id(value, using=None):
+    """``(job id, database alias or None)`` of what wait_for_result() was given."""
     if isinstance(value, EnqueuedJob):
-        return value.id
+        return value.id, using
+    if (task := _task_result(value, using)) is not None:
+        return task
     if validation.job_id_problem(value) is not None:
         raise InvalidArgument(
-            "wait_for_result(): job_id must be a job id (an int from 1 to 2**63-1) or an "
-            f"EnqueuedJob, got {validation.shown(value)}"
+            "wait_for_result(): job_id must be a job id (an int from 1 to 2**63-1), an "
+            f"EnqueuedJob or a django.tasks TaskResult, got {validation.shown(value)}"
         )
-    return value
+    return value, using
 
 
 def _timeout(value):
@@ -113,13 +136,14 @@ def _take_notifies(conn, job_id):
 
 
 def wait_for_result(job_id, timeout=None, *, using=None):
-    """Wait until the job ``job_id`` (an id or an ``EnqueuedJob``) finishes and return its
+    """Wait until the job ``job_id`` (an id, an ``EnqueuedJob`` or a ``django.tasks``
+    ``TaskResult``: then ``result.refresh()`` shows what it ended with) finishes and return its
     decoded result; raise ``JobFailed`` (with its last error) for a dead job, ``JobCancelled``
     for a cancelled one, ``JobNotFound`` when there is no such job, and ``TimeoutError`` when
     it has not finished within ``timeout`` seconds (None: no limit). Holds no transaction open;
     call it outside ``transaction.atomic()`` when the job was enqueued there (it can only finish
     after that commit)."""
-    job_id, timeout = _job_id(job_id), _timeout(timeout)
+    (job_id, using), timeout = _job_id(job_id, using), _timeout(timeout)
     using = database(using)
     deadline = None if timeout is None else time.monotonic() + timeout
     with _open(using) as conn:
@@ -148,7 +172,7 @@ def wait_for_result(job_id, timeout=None, *, using=None):
 async def await_result(job_id, timeout=None, *, using=None):
     """:func:`wait_for_result` for async code: the waiting is on the event loop (the socket),
     the short reads run in a thread; cancelling the task closes the waiter's connection."""
-    job_id, timeout = _job_id(job_id), _timeout(timeout)
+    (job_id, using), timeout = _job_id(job_id, using), _timeout(timeout)
     using = database(using)
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout

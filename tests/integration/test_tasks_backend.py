@@ -61,6 +61,28 @@ def test_enqueue_run_and_get_result_after_success(tasks, start_worker):
     assert result.attempts == 1 and result.worker_ids and result.started_at and result.finished_at
 
 
+def test_wait_for_result_takes_a_task_result(tasks, start_worker, settings):
+    from django.tasks import TaskResultStatus
+
+    from django_dbqueue import InvalidArgument, JobFailed, wait_for_result
+
+    settings.DBQUEUE = {**settings.DBQUEUE, "MAX_ATTEMPTS": 1}
+    result = tasks.add.enqueue(20, 22)
+    failing = tasks.always_fails.enqueue()
+    with pytest.raises(TimeoutError, match=rf"job #{result.id} did not finish within 0\.2s"):
+        wait_for_result(result, timeout=0.2)  # nothing runs it yet
+    start_worker()
+    assert wait_for_result(result, timeout=20) == 42
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 42
+    with pytest.raises(JobFailed) as failed:
+        wait_for_result(failing, timeout=20)
+    assert failed.value.job_id == int(failing.id)
+    other = tasks.immediate_only.enqueue()  # another backend's result: named, not waited for
+    with pytest.raises(InvalidArgument, match=r"'immediate'.*not to a DBQueueBackend"):
+        wait_for_result(other, timeout=1)
+
+
 def test_get_result_after_death_has_every_error(tasks, start_worker):
     from django.tasks import TaskResultStatus
 
