@@ -17,8 +17,12 @@ with the times it saw processes die). It touches no other database. Then, for ``
   and unique keys, chains, groups with a callback, graphs with ``on_failure="run"`` edges, jobs
   depending on jobs already enqueued (some inside a transaction it keeps open for seconds),
   guarded effects (a delivery record; an atomic handler), handlers that hang past their
-  timeout, and jobs of durable steps (``soak-steps``: three ``ctx.step`` calls, failing or slow
-  in one of them as the payload says);
+  timeout, jobs of durable steps (``soak-steps``: three ``ctx.step`` calls, failing or slow
+  in one of them as the payload says), and jobs of durable waits (``soak-waits``: a step, a
+  ``ctx.sleep``, maybe a snooze, one or two ``ctx.wait_for_signal("go")`` with a timeout), to
+  which it sends signals (``signal_job``, each payload a unique number) at drawn later steps:
+  some before the job reaches its wait, some while it waits, some after its timeout, some in a
+  transaction kept open a little while the job's run may be writing its wait;
 - an operator requeues dead and cancelled jobs (by id, and all dead ones at once), cancels
   pending, waiting and running jobs, pauses queues and resumes them;
 - faults: ``kill -9`` of a worker's process group (started again a little later),
@@ -69,7 +73,7 @@ STEP = 0.1  # seconds per step of the schedule
 QUEUE_ORDERS = ["default,limited,rated", "rated,limited,default", "limited,default,rated"]
 PAUSABLE = ["limited", "rated", "default"]
 # Guarded types are never run again; a requeued soak-steps job keeps its recorded steps.
-REQUEUABLE = ("soak-work", "soak-typed", "soak-hang", "soak-steps")
+REQUEUABLE = ("soak-work", "soak-typed", "soak-hang", "soak-steps", "soak-waits")
 WITNESS_EVERY = 0.02
 STALL = 20.0  # seconds without any job changing state that end the drain (a hang lasts 4-8 s)
 RESET_TABLES = [
@@ -85,6 +89,8 @@ RESET_TABLES = [
     "soak_transition",
     "soak_witness",
     "soak_step_body",
+    "soak_wait",
+    "soak_signal",
 ]
 
 
@@ -439,6 +445,56 @@ class Holder(threading.Thread):
                 entry[3] = self.soak.clock.db()
 
 
+SIGNAL_ROW = """
+INSERT INTO soak_signal (job_id, name, value, seq, held, sent_at)
+VALUES (%s, %s, %s, %s, %s, clock_timestamp())
+RETURNING id
+"""
+SIGNAL_COMMITTED = "UPDATE soak_signal SET committed_by = clock_timestamp() WHERE id = %s"
+
+
+def send_signal(job_id, value, hold):
+    """``signal_job(job_id, "go", value)`` and its ``soak_signal`` row in one transaction, kept
+    open ``hold`` seconds after the call (the job's row stays locked meanwhile: a run writing
+    its wait then waits for the commit, and must read the signal after it); then, after the
+    commit returned, the database's clock as ``committed_by``. Returns the signal's seq (None:
+    the job had finished, nothing was stored)."""
+    from django.db import connection, transaction
+
+    from django_dbqueue import signal_job
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        seq = signal_job(job_id, "go", value)
+        cursor.execute(SIGNAL_ROW, [job_id, "go", value, seq, hold])
+        (row,) = cursor.fetchone()
+        if hold:
+            time.sleep(hold)  # the open transaction is the race itself
+    with connection.cursor() as cursor:
+        cursor.execute(SIGNAL_COMMITTED, [row])
+    return seq
+
+
+class Signaller(threading.Thread):
+    """Sends the signals whose transaction is kept open, off the soak's loop."""
+
+    def __init__(self, soak):
+        super().__init__(daemon=True)
+        self.soak = soak
+        self.tasks = queue.SimpleQueue()
+
+    def run(self):
+        from django.db import connection
+
+        while True:
+            task = self.tasks.get()
+            if task is None:
+                connection.close()
+                return
+            if self.soak.draining.is_set():
+                continue  # the producer is off
+            self.soak.signal(*task)
+
+
 # -- the soak -----------------------------------------------------------------------------------
 
 
@@ -472,6 +528,8 @@ class Soak:
         self.stopping = threading.Event()
         self.draining = threading.Event()
         self.holder = Holder(self)
+        self.signaller = Signaller(self)
+        self.signals_planned = 0  # the payload of the next signal: unique, in the schedule's order
         self.schedule = open(self.log_dir / "schedule.log", "w")  # noqa: SIM115 - closed in run()
 
     # -- bookkeeping ---------------------------------------------------------------------------
@@ -515,7 +573,7 @@ class Soak:
         print(f"database {args.database}, worker logs in {self.log_dir}", flush=True)
         self.reset()
         witness, deathwatch, holder = Witness(), DeathWatch(self), self.holder
-        for thread in (witness, deathwatch, holder):
+        for thread in (witness, deathwatch, holder, self.signaller):
             thread.start()
         checker = threading.Thread(target=self._check_loop, daemon=True)
         for slot in self.slots:
@@ -541,6 +599,7 @@ class Soak:
             with self.check_lock:
                 self.checker.check(final=True)
             holder.tasks.put(None)
+            self.signaller.tasks.put(None)
             witness.stop.set()
             deathwatch.stop.set()
             for slot in self.slots:
@@ -641,6 +700,7 @@ class Soak:
         ("hang", 2),
         ("partitions", 4),
         ("steps", 5),
+        ("waits", 10),
     ]
 
     def payload(self, rng, *, fail_rate=0.25):
@@ -788,6 +848,53 @@ class Soak:
         if d[1] < 0.3:
             payload["slow"], payload["slow_ms"] = int(d[2] * 3), 1000 + int(d[3] * 2000)
         return self._one("soak-steps", payload)
+
+    # Signals to a soak-waits job, in seconds after its enqueue: before it reaches its first wait
+    # (a claim, a step and a nap of 0.1 to 1 s come first), around the moment it reaches one or
+    # while it waits, near or past a timeout (3 to 8 s), past them all (often refused: done).
+    SIGNAL_DELAYS = [((0.0, 0.3), 25), ((0.5, 4.0), 40), ((4.0, 10.0), 25), ((10.0, 16.0), 10)]
+
+    def _produce_waits(self, d, payload, rng):
+        """A job of durable waits (soakapp.jobs.waits): a nap of 0.1 to 1 s, a snooze once in a
+        quarter of the jobs, one or two waits for ``go`` with a timeout of 3 to 8 s, failing
+        after them as ``fail`` says; and its signals, each planned now (a unique payload, a
+        delay, a transaction held open 0.2 to 1 s for three in ten), sent at its step: as many
+        as its waits, one fewer or one more."""
+        payload["nap"] = round(0.1 + d[0] * 0.9, 3)
+        payload["timeout"] = round(3.0 + d[1] * 5.0, 3)
+        payload["waits"] = 1 if d[2] < 0.5 else 2
+        if d[3] < 0.25:
+            payload["snooze"] = round(0.3 + d[4] * 1.2, 3)
+        count = payload["waits"] + (-1 if d[5] < 0.15 else 1 if d[5] >= 0.85 else 0)
+        plans = []
+        for _ in range(count):
+            bucket = rng.choices(
+                [r for r, _ in self.SIGNAL_DELAYS], [w for _, w in self.SIGNAL_DELAYS]
+            )[0]
+            delay = bucket[0] + rng.random() * (bucket[1] - bucket[0])
+            hold = round(0.2 + rng.random() * 0.8, 3) if rng.random() < 0.3 else 0.0
+            self.signals_planned += 1
+            plans.append((delay, hold, self.signals_planned))
+        ids = self._one("soak-waits", payload)
+        for delay, hold, value in plans:
+            when = self.step + max(1, round(delay / STEP))
+            self.plan("producer", "signal", [delay, hold], f"payload {value} at step {when}")
+            self.at(when, lambda value=value, hold=hold: self._signal_later(ids[0], value, hold))
+        return ids
+
+    def _signal_later(self, job_id, value, hold):
+        if hold:
+            self.signaller.tasks.put((job_id, value, hold))
+        else:
+            self.signal(job_id, value, hold)
+
+    def signal(self, job_id, value, hold):
+        try:
+            seq = send_signal(job_id, value, hold)
+        except Exception as exc:
+            self.note_error("producer signal", exc)
+            return
+        self.counts["signal " + ("refused" if seq is None else "held" if hold else "sent")] += 1
 
     def _produce_hang(self, d, payload, rng):
         options = {"serial_key": f"s{int(d[1] * 5)}"} if d[0] < 0.3 else {}
@@ -1004,6 +1111,16 @@ class Soak:
             f"{steps.started}, finished {steps.finished}, steps recorded {steps.recorded}; "
             f"finished but not recorded, excused: {dict(sorted(steps.again.items()))}"
         )
+        waits = self.checker.wait_stats
+        print(
+            f"durable waits: {waits.jobs_done} soak-waits jobs done; signals stored "
+            f"{waits.signals} ({waits.held} in a transaction held open), refused "
+            f"{waits.refused} (the job had finished); waits for a signal: returned it "
+            f"{waits.waits['signal']} (sent before the wait {waits.first_reach}, after the run "
+            f"ended at the wait {waits.after_suspend}), timed out {waits.waits['timeout']}, ended "
+            f"the run {waits.waits['suspend']}, other {_other(waits.waits)}; sleeps "
+            f"{dict(sorted(waits.sleeps.items()))}; snoozes {waits.snoozes}"
+        )
         if errors:
             print(f"action errors: {errors}")
             for text in self.facts.errors[:10]:
@@ -1020,6 +1137,10 @@ class Soak:
                 print(f"  [{kind}] ... and {n - 5} more")
         print(f"violations: {len(violations)}", flush=True)
         return 1 if violations else 0
+
+
+def _other(counter):
+    return {k: v for k, v in counter.items() if k not in ("signal", "timeout", "suspend")}
 
 
 def main(argv=None):

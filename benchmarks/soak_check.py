@@ -78,6 +78,39 @@ The invariants:
     run found the step recorded already, after running it). Nothing else;
   - ``step-records``: a ``done`` job whose recorded steps are not exactly the handler's
     (``STEP_KEYS``: each name and occurrence once), or a record whose run wrote no ``end``.
+- the durable waits and signals of ``soak-waits`` (each ``ctx.sleep``, ``ctx.wait_for_signal``
+  and snooze of its handler writes a row in ``soak_wait`` once it returned or raised: its run,
+  the wait's occurrence, the payload it returned or ``timeout`` or ``suspend``, the database's
+  clock before the call, ``began``, and after it, ``at``; the producer inserts a row in
+  ``soak_signal`` in each ``signal_job`` transaction: the job, its unique payload, the ``seq``
+  that ``signal_job`` returned, and ``committed_by``, the clock read after its commit
+  returned), see :func:`wait_violations`. A signal is *known committed* before the least of its
+  ``committed_by`` and the ``at`` of every call that returned it (a wait reads only what has
+  committed). A wait's read of the signals happens after its ``began`` and, when it times out,
+  at or after its deadline (the wait's record in ``dbqueue_step``: a run uses the recorded
+  deadline, or its own when it wrote the record, which is never earlier than one another run
+  wrote first, since fencing refuses a run's record once its job was claimed again); a read sees
+  everything committed before it, whichever run makes it, zombies included:
+
+  - ``signal-order``: a wait returned a payload other than its job's n-th signal (n its
+    occurrence: docs/steps.md, "the n-th wait of a name takes the n-th signal"), or one the soak
+    never sent, or not a number at all. No excuse: signals are numbered in their job's row lock
+    and never change;
+  - ``signal-twice``: one signal's payload returned by two different waits (two jobs, or two
+    occurrences of one job's wait). The same wait replayed returns it again: that is allowed;
+  - ``signal-timeout``: a wait reported ``timeout`` although the job's n-th signal was known
+    committed before the wait's read (before its ``began``, or before its deadline). A wait that
+    timed out and returns the signal when replayed later (the signal came after the deadline)
+    is allowed: that is what the code does, and what the facts cannot tell from a late signal;
+  - ``sleep-early``: a sleep returned before the end its record holds (its ``at`` earlier than
+    the record's ``until``), or with no record at all;
+  - ``signal-unheard``: in one snapshot, a ``soak-waits`` job suspended on its wait for ``go``
+    (pending, ``wait_reason`` ``signal:go``, ``wait_token`` its lease token), due more than
+    ``UNHEARD_SLACK`` later, while the signal of its latest recorded wait (hence of every
+    earlier one) is committed: whichever of the signal and the wait's write committed first,
+    the job must be due at once (docs/steps.md, "a signal is never lost");
+  - after the drain, a ``soak-waits`` job still pending (in a wait) is a ``left`` violation,
+    as every other job: each wait has a timeout.
 """
 
 from __future__ import annotations
@@ -227,6 +260,35 @@ GROUP BY j.id
 """
 STEP_BODIES = """
 SELECT id, job_id, run_id, name, occurrence, attempt, phase, at FROM soak_step_body ORDER BY id
+"""
+
+# Durable waits and signals (soak-waits). Read in this order: the calls, then the signals, then
+# the waits' records: a call that returned a signal read it committed, with its soak_signal row
+# (one transaction); a call that timed out or slept read its record, committed before it.
+WAIT_TYPE = "soak-waits"
+WAIT_CALLS = """
+SELECT id, job_id, run_id, attempt, kind, name, occurrence, outcome, value, began_at, at
+FROM soak_wait ORDER BY id
+"""
+WAIT_SIGNALS = "SELECT job_id, name, value, seq, held, sent_at, committed_by FROM soak_signal"
+WAIT_RECORDS = """
+SELECT s.job_id, s.name, s.occurrence, s.result
+FROM dbqueue_step AS s JOIN dbqueue_job AS j ON j.id = s.job_id
+WHERE j.type = %s AND (s.name LIKE 'sleep:%%' OR s.name LIKE 'signal:%%')
+"""
+WAIT_DONE = "SELECT count(*) FROM dbqueue_job WHERE type = %s AND state = 'done'"
+# A job suspended on its wait for "go", due later than the checker's now (plus the slack), while
+# the signal of its latest recorded wait is committed: one statement, one snapshot.
+UNHEARD_SLACK = datetime.timedelta(seconds=0.5)
+WAIT_UNHEARD = """
+SELECT j.id, w.n, s.created_at, j.run_after, now()
+FROM dbqueue_job AS j
+JOIN LATERAL (SELECT max(st.occurrence) AS n FROM dbqueue_step AS st
+              WHERE st.job_id = j.id AND st.name = 'signal:go') AS w ON true
+JOIN dbqueue_signal AS s ON s.job_id = j.id AND s.name = 'go' AND s.seq = w.n
+WHERE j.type = %s AND j.state = 'pending' AND j.wait_reason = 'signal:go'
+  AND j.wait_token = j.lease_token AND j.run_after > now() + %s
+ORDER BY j.id
 """
 
 LEFT = """
@@ -392,6 +454,190 @@ def step_violations(records, bodies, runs, faults, done, stats=None):
     return out
 
 
+@dataclass(frozen=True)
+class WaitCall:
+    """A ``soak_wait`` row: one call of a wait in a soak-waits handler, and what came of it."""
+
+    id: int
+    job: int
+    run: int | None
+    attempt: int
+    kind: str  # "sleep", "signal" or "snooze"
+    name: str
+    occurrence: int
+    outcome: str  # "slept", "signal", "timeout", "suspend", "snooze", "raised <class>"
+    value: int | None  # the payload a wait for a signal returned
+    began: datetime.datetime  # the database's clock before the call
+    at: datetime.datetime  # and after it returned or raised
+
+
+@dataclass(frozen=True)
+class SignalSent:
+    """A ``soak_signal`` row: one ``signal_job`` call of the producer, committed."""
+
+    job: int
+    name: str
+    value: int  # the payload: unique in the soak
+    seq: int | None  # what signal_job returned: its number among the job's signals of the name
+    held: float  # seconds the transaction was kept open after the call
+    sent: datetime.datetime
+    committed_by: datetime.datetime | None  # the clock read after its commit returned
+
+
+@dataclass
+class WaitStats:
+    jobs_done: int = 0
+    waits: collections.Counter = field(default_factory=collections.Counter)  # outcome -> calls
+    first_reach: int = 0  # waits that returned their signal at once: it was sent before them
+    after_suspend: int = 0  # waits that returned their signal after the run ended at them
+    sleeps: collections.Counter = field(default_factory=collections.Counter)  # outcome -> calls
+    snoozes: int = 0
+    signals: int = 0  # committed and stored
+    refused: int = 0  # signal_job returned None: the job had finished (or was cancelled)
+    held: int = 0  # stored, in a transaction kept open after the call
+
+
+def _records_by_key(records):
+    """``{(job, name, occurrence): result dict}`` from ``[(job, name, occurrence, result)]``."""
+    return {(job, name, n): result or {} for job, name, n, result in records}
+
+
+def _when(text):
+    return None if text is None else datetime.datetime.fromisoformat(text)
+
+
+def wait_violations(calls, signals, records, runs, stats=None):
+    """The wait invariants over what was read: ``calls`` (:class:`WaitCall`), ``signals``
+    (:class:`SignalSent`), ``records`` ([(job, name, occurrence, result dict)] of the soak-waits
+    jobs' wait records in ``dbqueue_step``: ``sleep:<name>`` with ``until``, ``signal:<name>``
+    with ``deadline``), ``runs`` ({run id: :class:`StepRun`}, for the messages). Returns
+    ``[(kind, key, text)]``; counts into ``stats`` (a :class:`WaitStats`) if given."""
+    stats = stats if stats is not None else WaitStats()
+    out = []
+    recorded = _records_by_key(records)
+    by_value = {s.value: s for s in signals}
+    by_seq = {(s.job, s.name, s.seq): s for s in signals if s.seq is not None}
+    stats.signals = len(by_seq)
+    stats.refused = sum(1 for s in signals if s.seq is None)
+    stats.held = sum(1 for s in signals if s.seq is not None and s.held > 0)
+    # When each signal is known committed: after its commit returned, or when a wait returned it.
+    known = {s.value: s.committed_by for s in signals}
+    for call in calls:
+        if call.kind == "signal" and call.outcome == "signal" and call.value is not None:
+            before = known.get(call.value)
+            known[call.value] = call.at if before is None else min(before, call.at)
+
+    def who(call):
+        run = runs.get(call.run)
+        where = f"worker {run.worker}{', a zombie' if run.zombie else ''}" if run else "?"
+        return f"run {call.run} (attempt {call.attempt}, {where})"
+
+    owners = collections.defaultdict(dict)  # value -> {(job, name, occurrence): first call}
+    suspended = set()  # (job, name, occurrence) of waits at which a run ended
+    for call in calls:
+        wait = (call.job, call.name, call.occurrence)
+        if call.kind == "snooze":
+            stats.snoozes += call.outcome == "snooze"
+            continue
+        if call.kind == "sleep":
+            stats.sleeps[call.outcome] += 1
+            if call.outcome != "slept":
+                continue
+            until = _when(
+                recorded.get((call.job, f"sleep:{call.name}", call.occurrence), {}).get("until")
+            )
+            if until is None or call.at < until:
+                out.append((
+                    "sleep-early",
+                    (call.job, call.name, call.occurrence, call.run),
+                    f"job {call.job} sleep {call.name!r} #{call.occurrence} returned at "
+                    f"{call.at:%H:%M:%S.%f} in {who(call)}, "
+                    + ("with no record of the sleep" if until is None
+                       else f"before its recorded end {until:%H:%M:%S.%f}"),
+                ))  # fmt: skip
+            continue
+        stats.waits[call.outcome] += 1
+        if call.outcome == "suspend":
+            suspended.add(wait)
+        elif call.outcome == "signal":
+            if wait in suspended:
+                stats.after_suspend += 1
+            else:
+                stats.first_reach += 1
+            sent = by_value.get(call.value)
+            if (
+                sent is None
+                or sent.job != call.job
+                or sent.name != call.name
+                or sent.seq != call.occurrence
+            ):
+                n_th = by_seq.get(wait)
+                if call.value is None:
+                    what = "a payload that is not a number the soak sent"
+                elif sent is None:
+                    what = (
+                        f"the payload {call.value}, which the soak never sent (or never committed)"
+                    )
+                else:
+                    what = f"the payload {call.value}: signal #{sent.seq} {sent.name!r} of job {sent.job}"
+                mine = f"payload {n_th.value}" if n_th else "not sent (yet)"
+                out.append((
+                    "signal-order",
+                    (*wait, call.value),
+                    f"job {call.job} wait {call.name!r} #{call.occurrence} returned {what}, at "
+                    f"{call.at:%H:%M:%S.%f} in {who(call)}; its own signal #{call.occurrence} is "
+                    f"{mine}",
+                ))  # fmt: skip
+            if call.value is not None:
+                owners[call.value].setdefault(wait, call)
+        elif call.outcome == "timeout":
+            sent = by_seq.get(wait)
+            if sent is None:
+                continue  # its signal was never sent: the timeout is right
+            bound = known.get(sent.value)
+            deadline = _when(
+                recorded.get((call.job, f"signal:{call.name}", call.occurrence), {}).get("deadline")
+            )
+            read = call.began if deadline is None else max(call.began, deadline)
+            if bound is not None and bound < read:
+                out.append((
+                    "signal-timeout",
+                    (*wait, call.run),
+                    f"job {call.job} wait {call.name!r} #{call.occurrence} timed out in "
+                    f"{who(call)} (called at {call.began:%H:%M:%S.%f}"
+                    + (f", deadline {deadline:%H:%M:%S.%f}" if deadline else "")
+                    + f"), although its signal #{sent.seq} (payload {sent.value}) was committed "
+                    f"by {bound:%H:%M:%S.%f}, before the wait read the signals",
+                ))  # fmt: skip
+    for value, waits in owners.items():
+        if len(waits) > 1:
+            shown = ", ".join(
+                f"job {job} wait {name!r} #{n} ({who(call)})"
+                for (job, name, n), call in sorted(waits.items())
+            )
+            out.append((
+                "signal-twice",
+                (value,),
+                f"the signal with payload {value} was returned by {len(waits)} waits: {shown}",
+            ))  # fmt: skip
+    return out
+
+
+def unheard_violations(rows):
+    """``signal-unheard`` from :data:`WAIT_UNHEARD`'s rows (job, wait occurrence, the signal's
+    ``created_at``, the job's ``run_after``, the checker's ``now()``)."""
+    out = []
+    for job, n, created, due, now in rows:
+        out.append((
+            "signal-unheard",
+            (job, n),
+            f"job {job} waits for its signal 'go' #{n} until {due:%H:%M:%S.%f} (seen at "
+            f"{now:%H:%M:%S.%f}), although that signal was stored at {created:%H:%M:%S.%f} "
+            "and committed: it should be due at once",
+        ))  # fmt: skip
+    return out
+
+
 @dataclass
 class Violation:
     kind: str
@@ -408,6 +654,7 @@ class Checker:
         self.zombies = set()
         self.step_runs = {}  # run id -> StepRun, from the last pass over the runs
         self.step_stats = StepStats()
+        self.wait_stats = WaitStats()
         self.unseen_deaths = 0
         self._waiting_seen = {}  # (job, waiting_on, holding, unfinished==0) -> first seen
 
@@ -426,6 +673,7 @@ class Checker:
         self._waiting(now)
         self._effects()
         self._steps()
+        self._waits()
         self._unrecorded()
         self._deadlocks()
         if final:
@@ -644,6 +892,19 @@ class Checker:
         found = step_violations(
             records, bodies, self.step_runs, list(self.facts.faults), done, self.step_stats
         )
+        for kind, key, text in found:
+            self._add(kind, key, text)
+
+    def _waits(self):
+        calls = [WaitCall(*row) for row in self.conn.execute(WAIT_CALLS).fetchall()]
+        signals = [SignalSent(*row) for row in self.conn.execute(WAIT_SIGNALS).fetchall()]
+        records = self.conn.execute(WAIT_RECORDS, [WAIT_TYPE]).fetchall()
+        stats = WaitStats()
+        found = wait_violations(calls, signals, records, self.step_runs, stats)
+        (stats.jobs_done,) = self.conn.execute(WAIT_DONE, [WAIT_TYPE]).fetchone()
+        unheard = self.conn.execute(WAIT_UNHEARD, [WAIT_TYPE, UNHEARD_SLACK]).fetchall()
+        found += unheard_violations(unheard)
+        self.wait_stats = stats
         for kind, key, text in found:
             self._add(kind, key, text)
 

@@ -11,6 +11,13 @@ dies leaves a start with no end, which the checker closes at the process's death
 ``soak-steps`` runs durable steps (``ctx.step``); each step's body records its start and, as the
 last thing it does, its end in ``soak_step_body`` the same way, with the run's ``soak_run`` id,
 so the checker can tell a body that ran again from the one whose record the job kept.
+
+``soak-waits`` runs a step, a durable sleep, maybe a snooze (once per job), then one or two
+waits for the signal ``go`` (``ctx.wait_for_signal`` with the payload's timeout, so a job whose
+signal never comes still finishes), and fails after them on the attempts its payload names (a
+retry replays them). Each call records what came of it in ``soak_wait``, with the run, the
+database's clock before the call and after it: the payload a wait returned, a timeout, or that
+the run ended at the wait.
 """
 
 import multiprocessing
@@ -22,7 +29,7 @@ import psycopg
 from django.db import connection
 
 from benchmarks.soak_check import STEP_KEYS
-from django_dbqueue import DiscardJob, deliver, job
+from django_dbqueue import DiscardJob, SignalTimeout, Snooze, deliver, job
 from django_dbqueue.connections import connection_params
 
 RECORDER_NAME = "soak recorder"  # application_name of the recording connections
@@ -45,6 +52,15 @@ END = "UPDATE soak_run SET ended_at = clock_timestamp(), outcome = %s WHERE id =
 BODY = """
 INSERT INTO soak_step_body (job_id, run_id, name, occurrence, attempt, phase, at)
 VALUES (%s, %s, %s, %s, %s, %s, now())
+RETURNING id
+"""
+
+NOW = "SELECT clock_timestamp()"
+
+WAIT = """
+INSERT INTO soak_wait (job_id, run_id, attempt, kind, name, occurrence, outcome, value, began_at,
+                       at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, clock_timestamp())
 RETURNING id
 """
 
@@ -171,6 +187,55 @@ def steps(ctx):
     return [ctx.step(name, step_body, ctx, i) for i, (name, _n) in enumerate(STEP_KEYS)]
 
 
+def _observe(ctx, kind, name, occurrence, call):
+    """Call a wait (``call()``) and record what came of it in ``soak_wait``, with the
+    database's clock read before the call and after it: ``slept``, ``signal`` (the payload,
+    the producer's unique number), ``timeout`` (``SignalTimeout``, returned as ``"timeout"``),
+    ``suspend`` (the run ends at the wait), ``snooze`` or ``raised <class>`` (re-raised)."""
+    (began,) = _record(NOW, [])
+    row = [ctx.id, getattr(_local, "run", None), ctx.attempt, kind, name, occurrence]
+    try:
+        got = call()
+    except SignalTimeout:
+        _record(WAIT, [*row, "timeout", None, began])
+        return "timeout"
+    except BaseException as exc:
+        # Suspend (django_dbqueue.steps): the run ends here, the job waits, holding no worker.
+        cls = type(exc).__name__
+        outcome = {"Suspend": "suspend", "Snooze": "snooze"}.get(cls, f"raised {cls}")
+        _record(WAIT, [*row, outcome, None, began])
+        raise
+    if kind == "sleep":
+        _record(WAIT, [*row, "slept", None, began])
+    else:
+        _record(WAIT, [*row, "signal", got if isinstance(got, int) else None, began])
+    return got
+
+
+def waits(ctx):
+    """A step, a durable sleep of ``nap`` seconds, a snooze of ``snooze`` seconds once per job
+    (the run that recorded the ``snooze`` step snoozes), then ``waits`` waits for the signal
+    ``go`` (``timeout`` seconds each): the n-th takes the job's n-th signal. Fails after them
+    on the attempts listed in ``fail``; returns what each wait returned."""
+    payload = ctx.payload
+    run = getattr(_local, "run", None)
+    ctx.step("prepare", lambda: {"run": run})
+    _observe(ctx, "sleep", "nap", 1, lambda: ctx.sleep("nap", payload["nap"]))
+    if payload.get("snooze") and ctx.step("snooze", lambda: run) == run:
+        _observe(ctx, "snooze", "snooze", 1, lambda: _snooze(payload["snooze"]))
+    got = [
+        _observe(ctx, "signal", "go", n, lambda: ctx.wait_for_signal("go", payload["timeout"]))
+        for n in range(1, payload["waits"] + 1)
+    ]
+    if ctx.attempt in payload.get("fail", ()):
+        raise RuntimeError(f"failed after its waits on attempt {ctx.attempt}, as asked")
+    return got
+
+
+def _snooze(seconds):
+    raise Snooze(seconds)
+
+
 def hang(ctx):
     """Hang for ``hang`` seconds, far past the type's timeout, heeding nothing."""
     time.sleep(ctx.payload.get("hang", 20))
@@ -203,6 +268,7 @@ job(
     rate_limit={"limit": 6, "period": 1.0, "key": "acct"},
 )(recorded(work))
 job("soak-steps", queue="default", max_attempts=3)(recorded(steps))
+job("soak-waits", queue="default", max_attempts=3)(recorded(waits))
 job("soak-hang", queue="limited", max_attempts=2, timeout=TIMEOUT)(recorded(hang))
 job("soak-deliver", queue="default", max_attempts=3)(recorded(guarded_delivery))
 job("soak-atomic", queue="default", max_attempts=3, atomic=True, timeout=10)(
