@@ -34,16 +34,19 @@ class Heartbeat:
         if not keys:
             return 0, 0
         sent = time.monotonic()  # the renewed leases end no sooner than LEASE after this
-        kept = store.extend_leases(db, sorted(keys), async_commit=worker.async_commit)
+        # Keyed by (id, token): an old run of a job beside a new claim of it is not renewed.
+        kept = store.extend_leases(
+            db, sorted(keys), async_commit=worker.async_commit, by_token=True
+        )
         for entry in held:
-            if entry.ctx.id in kept:
+            if entry.key in kept:
                 entry.ctx._renewed = sent
         # Only a job still held *after* the statement was really lost: one that finished in the
         # meantime has its outcome in the acknowledgement buffer (renewed above) or written.
-        cancelling = [job_id for job_id, marked in kept.items() if marked]
+        cancelling = sorted({job_id for (job_id, _token), marked in kept.items() if marked})
         if cancelling:
             worker.cancel_requested(cancelling)  # those already told are skipped
-        lost = worker.inflight.mark_lost([e for e in held if e.ctx.id not in kept])
+        lost = worker.inflight.mark_lost([e for e in held if e.key not in kept])
         for entry in lost:
             self.lost += 1
             logger.warning(

@@ -10,6 +10,7 @@ cancel while pending) or in the instant before the waiter's lock is found by the
 """
 
 import asyncio
+import collections
 import contextlib
 import json
 import select
@@ -115,6 +116,10 @@ def _names(payload, job_id):
 
 def _open(using):
     conn = connect(using, application_name="dbqueue result waiter")
+    # A notification that arrives while a statement runs (the job finished during our read) is
+    # taken by psycopg, not left on the socket: a handler keeps its payload for _take_notifies.
+    conn.dbqueue_heard = collections.deque()
+    conn.add_notify_handler(lambda notify: conn.dbqueue_heard.append(notify.payload))
     try:
         channel = get_settings().NOTIFY_CHANNEL + ".done"
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
@@ -132,6 +137,9 @@ def _take_notifies(conn, job_id):
     named = False
     while (notify := pgconn.notifies()) is not None:
         named = named or _names(notify.extra.decode(), job_id)
+    heard = conn.dbqueue_heard
+    while heard:
+        named = _names(heard.popleft(), job_id) or named
     return named
 
 
@@ -158,6 +166,8 @@ def wait_for_result(job_id, timeout=None, *, using=None):
             wait = poll if left is None else min(poll, left)
             end = time.monotonic() + wait
             while True:
+                if conn.dbqueue_heard and _take_notifies(conn, job_id):
+                    break  # it finished while we read it: read again at once
                 left = max(0.0, end - time.monotonic())
                 ready, _, _ = select.select([conn.fileno()], [], [], left)
                 if not ready:
@@ -189,6 +199,8 @@ async def await_result(job_id, timeout=None, *, using=None):
             wait = poll if left is None else min(poll, left)
             end = loop.time() + wait
             while True:
+                if conn.dbqueue_heard and _take_notifies(conn, job_id):
+                    break  # it finished while we read it: read again at once
                 readable = loop.create_future()
                 loop.add_reader(conn.fileno(), _set, readable)
                 try:

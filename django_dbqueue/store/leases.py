@@ -18,19 +18,24 @@ UPDATE dbqueue_job AS j
 SET leased_until = now() + j.lease_seconds * interval '1 second'
 FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token), commit_mode
 WHERE j.id = h.id AND j.lease_token = h.token AND j.state = 'running'
-RETURNING j.id, j.cancel_requested_at IS NOT NULL
+RETURNING j.id, j.lease_token, j.cancel_requested_at IS NOT NULL
 """
 
 
-def extend_leases(using, held, *, async_commit=False):
+def extend_leases(using, held, *, async_commit=False, by_token=False):
     """Heartbeat ``[(id, token), ...]``; returns the ids whose lease this worker still holds,
-    as ``{id: True when a cancel was asked for}`` (so ``id in result`` reads as before)."""
+    as ``{id: True when a cancel was asked for}`` (so ``id in result`` reads as before). With
+    ``by_token`` the keys are ``(id, token)``: a worker may hold an old run of a job beside a
+    new claim of it (swept back and claimed again while the old run's thread still runs), and
+    only the new claim's lease was renewed."""
     if not held:
         return {}
     ids, tokens = zip(*held, strict=True)
     params = {"ids": int_array(ids), "tokens": int_array(tokens), "commit": _commit(async_commit)}
     rows = _execute(using, EXTEND_LEASES, params)
-    return {job_id: cancelling for job_id, cancelling in rows}
+    if by_token:
+        return {(job_id, token): cancelling for job_id, token, cancelling in rows}
+    return {job_id: cancelling for job_id, _token, cancelling in rows}
 
 
 def release(using, held):

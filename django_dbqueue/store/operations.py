@@ -30,6 +30,7 @@ REQUEUE_JOBS = (
 UPDATE dbqueue_job AS j
 SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
     leased_until = NULL, worker_id = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
+    snoozes = 0, wait_reason = NULL, wait_token = NULL,
     errors = errors || jsonb_build_array(jsonb_build_object(
         'attempt', attempts,
         'class', 'Requeued',

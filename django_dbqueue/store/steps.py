@@ -35,8 +35,11 @@ def load_held_steps(using, job_id, token):
 
 # Record a finished step, only while the run still holds the job (its lease token, state
 # running): a run whose lease was lost and whose job another worker took meanwhile records
-# nothing. The job's row is read, not locked: the token only ever changes by a new claim, and
-# a claim needs the lease to have expired first, which fencing at completion settles anyway.
+# nothing. The job's row is locked FOR KEY SHARE until the record commits: inside a transaction
+# (an atomic handler, transaction.atomic() around the step) that is the transaction's end, and
+# the sweeper and the claim (FOR UPDATE SKIP LOCKED) pass the job over until then, so no other
+# run can take the job while this record (and the step's writes beside it) may still commit.
+# The heartbeat, completions and cancels take weaker locks (NO KEY UPDATE) and never wait for it.
 # A step already recorded under the same key (a run racing its own zombie) keeps its first
 # result; the caller reads it back. Returns the recorded result's text (NULL for a None result)
 # and whether this call inserted it; no row at all: fenced out.
@@ -44,6 +47,7 @@ SAVE_STEP = """
 WITH held AS (
     SELECT 1 FROM dbqueue_job
     WHERE id = %(job)s AND lease_token = %(token)s AND state = 'running'
+    FOR KEY SHARE
 ),
 inserted AS (
     INSERT INTO dbqueue_step (job_id, name, occurrence, result, attempt, finished_at)

@@ -170,3 +170,52 @@ def test_a_batch_too_large_for_one_notification_says_look_again():
     assert job_row(ids[0])["state"] == "done"
     with connection.cursor() as cursor:  # the next tests' ids start low again
         cursor.execute("SELECT setval(pg_get_serial_sequence('dbqueue_job', 'id'), 1, false)")
+
+
+def test_a_job_finishing_while_the_waiter_reads_it_is_heard_at_once(monkeypatch):
+    """The notification of a completion that commits while the waiter's read runs arrives
+    during that statement, where psycopg takes it off the socket: it is still heard, and the
+    waiter reads again at once rather than at its next poll."""
+    from django_dbqueue import store
+    from tests.integration.test_steps import _hold
+
+    monkeypatch.setattr(results, "POLL_FIRST", 30.0)
+    monkeypatch.setattr(results, "POLL_MAX", 30.0)
+    slow = "SELECT pg_sleep(0.5), * FROM (" + results.READ_RESULT.strip() + ") AS r"
+    monkeypatch.setattr(results, "READ_RESULT", slow)
+    monkeypatch.setattr(results, "_outcome", _slow_outcome)
+    job = enqueue("noop")
+    _hold(job.id, 7)
+    waited = {}
+
+    def wait():
+        started = time.monotonic()
+        waited["result"] = wait_for_result(job, timeout=20)
+        waited["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_until(lambda: _waiter_reading(), message="the waiter to be inside its slow read")
+    assert store.complete("default", [(job.id, 7, '"ok"')]) == {job.id}  # commits mid-read
+    thread.join(20)
+    assert waited["result"] == "ok"
+    assert waited["seconds"] < 10, waited  # not the 30 s poll
+
+
+def _slow_outcome(conn, job_id):
+    """results._outcome over the slowed read (its first column is pg_sleep's)."""
+    import json
+
+    _slept, state, result, *_ = conn.execute(results.READ_RESULT, [job_id]).fetchone()
+    if state == "done":
+        return True, None if result is None else json.loads(result)
+    return False, None
+
+
+def _waiter_reading():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+            "'dbqueue result waiter' AND query LIKE '%%pg_sleep%%' AND state = 'active'"
+        )
+        return cursor.fetchone()[0] == 1

@@ -212,6 +212,67 @@ def test_a_run_whose_lease_is_in_doubt_but_held_goes_on_and_one_given_up_stops_a
     assert sorted(n for n, _, _ in steps_of(job_id)) == ["a", "b", "c", "d"]
 
 
+def test_a_step_recorded_in_an_open_transaction_keeps_the_job_from_being_taken_over():
+    """A step recorded inside transaction.atomic() (or an atomic handler) may still commit
+    with the step's writes until the transaction ends: while it is open, the sweeper passes the
+    job over even though its lease expired, so no other run can take it and run the step again
+    beside it. Once it commits, the job is swept as any other."""
+    import psycopg
+    from django.db import transaction
+
+    from django_dbqueue.store.leases import RESCUE_EXPIRED
+    from tests.integration.test_waits import _params
+
+    job_id = enqueue("noop", {}).id
+    _hold(job_id, 1)
+    sweep = {"limit": 100, "base": 0.1, "factor": 2.0, "cap": 1.0}
+    zombie = _ctx(job_id, token=1)
+    with psycopg.connect(**_params(), autocommit=True) as sweeper:
+        with transaction.atomic():
+            assert zombie.step("charge", lambda: "card") == "card"
+            # Its worker stalls here: the lease runs out, and the sweeper comes round.
+            sweeper.execute(
+                "UPDATE dbqueue_job SET leased_until = now() - interval '1 s' WHERE id = %s",
+                [job_id],
+            )  # a weaker lock than the record's: does not wait for it
+            assert sweeper.execute(RESCUE_EXPIRED, sweep).fetchall() == []
+            assert job_row(job_id)["state"] == "running"
+        # Committed: the record stands, and the expired lease is taken back now.
+        assert [row[0] for row in sweeper.execute(RESCUE_EXPIRED, sweep).fetchall()] == [job_id]
+    assert [n for n, _, _ in steps_of(job_id)] == ["charge"]
+    assert job_row(job_id)["state"] == "pending"
+
+
+def test_the_heartbeat_renews_a_run_by_its_token_not_by_its_job_id():
+    """A worker can hold an old run of a job (token 1, its thread still going) beside a new
+    claim of the same job (token 2), after the sweeper took the job back from a stalled worker
+    and the same worker claimed it again. The heartbeat renews the new claim only; the old run
+    is marked lost, so its next step raises LeaseLost rather than run."""
+    import types
+
+    from django_dbqueue.heartbeat import Heartbeat
+    from django_dbqueue.inflight import Entry, Inflight
+
+    job_id = enqueue("noop", {}).id
+    _hold(job_id, 2)
+    old_ctx, new_ctx = _ctx(job_id, token=1, renewed=50), _ctx(job_id, token=2, renewed=50)
+    old, new = Entry(old_ctx, 1, None), Entry(new_ctx, 2, None)
+    old.started = new.started = time.monotonic()
+    inflight = Inflight()
+    inflight.add([old, new])
+    worker = types.SimpleNamespace(
+        inflight=inflight,
+        acks=types.SimpleNamespace(pending_keys=lambda: []),
+        async_commit=False,
+        cancel_requested=lambda ids: None,
+    )
+    assert Heartbeat(worker).beat_once("default") == (1, 1)
+    assert old.lost and old_ctx._lease_gone and not new.lost
+    assert time.monotonic() - new_ctx._renewed < 5 and time.monotonic() - old_ctx._renewed > 40
+    with pytest.raises(LeaseLost):
+        old_ctx.step("charge", lambda: 1 / 0)
+
+
 def test_bad_step_arguments_are_named_before_anything_runs():
     job_id = enqueue("noop", {}).id
     _hold(job_id, 5)

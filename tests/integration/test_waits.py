@@ -53,12 +53,27 @@ def test_snooze_runs_the_job_again_without_spending_an_attempt(start_worker):
 def test_a_snooze_past_max_snoozes_is_a_failed_attempt(start_worker, settings):
     settings.DBQUEUE = {**settings.DBQUEUE, "MAX_SNOOZES": 2}
     job_id = enqueue("snoozer", {"forever": True}).id
-    start_worker()
+    worker = start_worker()
     row = wait_for(job_id, lambda r: r["state"] == "dead", "dead")
     assert row["snoozes"] == 2
     [error] = row["errors"]
     assert error["class"] == "SnoozeLimit" and "MAX_SNOOZES" in error["message"]
     assert bodies(job_id)[("run", "end")] == [1, 1, 1]
+    # A requeue gives it its snoozes back (and forgets any wait): the operator's retry is real.
+    worker.stop()
+    worker.thread.join(15)
+    execute(
+        "UPDATE dbqueue_job SET wait_reason = 'signal:x', wait_token = lease_token WHERE id = %s",
+        [job_id],
+    )
+    assert set(store.requeue("default", [job_id])) == {job_id}
+    row = job_row(job_id)
+    assert (row["state"], row["snoozes"], row["wait_reason"], row["wait_token"]) == (
+        "pending",
+        0,
+        None,
+        None,
+    )
 
 
 def test_a_sleep_holds_no_thread_and_resumes_when_its_time_comes(start_worker):
