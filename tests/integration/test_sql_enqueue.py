@@ -524,3 +524,28 @@ def test_an_unknown_type_is_taken_by_the_worker_and_deferred_with_its_error(raw,
     row = job_row(job_id)
     assert row["state"] == "pending" and row["attempts"] == 0
     assert "no handler is registered for job type 'no-such-type'" in row["errors"][0]["message"]
+
+
+def test_a_statement_trigger_passes_all_inserted_rows_to_enqueue_many(raw):
+    raw.execute("CREATE TABLE sql_enqueue_line (id bigserial PRIMARY KEY, sku text NOT NULL)")
+    try:
+        raw.execute(
+            """
+            CREATE FUNCTION sql_enqueue_lines_created() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                PERFORM dbqueue_enqueue_many(coalesce(jsonb_agg(
+                    jsonb_build_object('type', 'echo', 'payload', jsonb_build_object('sku', sku))
+                    ORDER BY id), '[]')) FROM new_rows;
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER sql_enqueue_lines_created AFTER INSERT ON sql_enqueue_line
+            REFERENCING NEW TABLE AS new_rows
+            FOR EACH STATEMENT EXECUTE FUNCTION sql_enqueue_lines_created();
+            """
+        )
+        raw.execute("INSERT INTO sql_enqueue_line (sku) VALUES ('a'), ('b'), ('c')")
+        rows = scalar("SELECT json_agg(payload ORDER BY id) FROM dbqueue_job")
+        assert _json(rows) == [{"sku": "a"}, {"sku": "b"}, {"sku": "c"}]
+    finally:
+        raw.execute("DROP TABLE sql_enqueue_line")
+        raw.execute("DROP FUNCTION sql_enqueue_lines_created()")
