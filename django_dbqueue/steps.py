@@ -268,13 +268,15 @@ def signal_job(job_id, name, payload=None, *, using=None):
     except payloads.PayloadError as exc:
         raise type(exc)(f"signal_job(): {exc}") from None
     using = database(using)
-    with transaction.atomic(using=using):  # the job's row lock orders concurrent signals
+    with transaction.atomic(using=using):  # the job's advisory lock orders concurrent signals
         sent = store.signal_job(using, job_id=job_id, name=name, payload=text)
     if sent is None:
         return None
-    queue, due, seq = sent
-    if due:
-        wakeup.jobs_ready(using, [queue])
+    queue, seq = sent
+    # Whether the job waits for it is settled at the commit (a run may be writing its wait
+    # now): its queue is woken after the commit in any case, which costs nothing when no worker
+    # waits on it (waiters.py).
+    wakeup.jobs_ready(using, [queue])
     return seq
 
 

@@ -120,23 +120,17 @@ def read_signal(using, *, job_id, name, seq):
     return found, payload, seen, now
 
 
-# signal_job: the job's row first (its lock orders concurrent signals to one job, so each takes
-# the next seq): bump signal_seq, and make a pending job that waits for a signal of that name due now. The
-# WHERE names the id alone, so the row is locked and the CASE reads its newest version even when
-# a snooze was committing meanwhile. A job that has finished takes no signal. Then the signal,
-# numbered after the ones already sent under that name. Returns the job's queue and whether it
-# became due (the caller wakes that queue after the commit).
-SIGNAL_JOB = """
-WITH job AS (
-    UPDATE dbqueue_job
-    SET signal_seq = signal_seq + 1,
-        run_after = CASE WHEN state = 'pending' AND wait_reason = 'signal:' || %(name)s
-                              AND wait_token = lease_token THEN LEAST(run_after, now())
-                         ELSE run_after END
-    WHERE id = %(job)s AND state NOT IN ('done', 'dead', 'cancelled')
-    RETURNING id, queue, state = 'pending' AND run_after <= now() AS due
-)
-SELECT job.queue, job.due FROM job
+# signal_job, in the caller's transaction. First a transaction-level advisory lock of the job
+# (class "dbq4", the id folded into 31 bits: two jobs may share a key, which only orders their
+# senders): it orders concurrent signals to one job, so each takes the next seq, and blocks
+# nothing but another sender to that job. Then the job, read without a lock (a finished job takes
+# no signal), then the signal. The job's row is changed at the sender's COMMIT by the deferred
+# trigger dbqueue_apply_signal (migration 0023): signal_seq + 1, and due now when it waits for
+# a signal of that name. Holding the row from here would stall the heartbeat of the worker
+# running the job until the sender commits.
+SIGNAL_LOCK = "SELECT pg_advisory_xact_lock(1684173108, mod(%(job)s, 2147483647)::int)"
+SIGNAL_TARGET = """
+SELECT queue FROM dbqueue_job WHERE id = %(job)s AND state NOT IN ('done', 'dead', 'cancelled')
 """
 
 INSERT_SIGNAL = """
@@ -150,12 +144,12 @@ RETURNING seq
 
 
 def signal_job(using, *, job_id, name, payload):
-    """Send a signal (two statements in the caller's transaction: the job's row, which orders
-    concurrent signals, then the signal). Returns ``(queue, due, seq)``, or None when the job
-    does not exist or has finished."""
-    rows = _execute(using, SIGNAL_JOB, {"job": job_id, "name": name})
+    """Send a signal (three statements in the caller's transaction: the job's advisory lock,
+    which orders concurrent senders, the job, then the signal; the job's row changes at the
+    commit). Returns ``(queue, seq)``, or None when the job does not exist or has finished."""
+    _execute(using, SIGNAL_LOCK, {"job": job_id})
+    rows = _execute(using, SIGNAL_TARGET, {"job": job_id})
     if not rows:
         return None
-    queue, due = rows[0]
     seq = _execute(using, INSERT_SIGNAL, {"job": job_id, "name": name, "payload": payload})[0][0]
-    return queue, due, seq
+    return rows[0][0], seq

@@ -4,16 +4,16 @@ replay. Races between a signal and a run that is about to wait are held open wit
 sessions, in both orders."""
 
 import datetime
-import threading
 import time
 
 import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
 from django_dbqueue import InvalidArgument, PayloadError, enqueue, signal_job, store
 from django_dbqueue.steps import NEVER
-from django_dbqueue.store.steps import SIGNAL_JOB
+from django_dbqueue.store.leases import EXTEND_LEASES
+from django_dbqueue.store.steps import INSERT_SIGNAL, SIGNAL_LOCK, SIGNAL_TARGET
 from tests.integration.test_steps import bodies, steps_of
 from tests.utils import job_row, wait_until
 
@@ -183,50 +183,60 @@ def _params():
 
 
 def _signal(other, job_id):
-    """signal_job's first statement, the one that takes the job's row, on ``other``."""
-    other.execute(SIGNAL_JOB, {"job": job_id, "name": "approve"}).fetchall()
+    """signal_job's statements on ``other`` (the commit is the caller's)."""
+    params = {"job": job_id, "name": "approve", "payload": '"yes"'}
+    cursor = psycopg.ClientCursor(other)  # bound as Django binds them: one parameter, two uses
+    for statement in (SIGNAL_LOCK, SIGNAL_TARGET, INSERT_SIGNAL):
+        cursor.execute(statement, params)
 
 
-@pytest.mark.parametrize("order", ["signal-commits-during-the-snooze", "snooze-commits-first"])
+ORDERS = [
+    "signal-open-while-the-wait-is-written",
+    "signal-commits-between-the-read-and-the-wait",
+    "wait-commits-before-the-signal",
+]
+
+
+@pytest.mark.parametrize("order", ORDERS)
 def test_a_signal_racing_the_wait_is_never_lost(order):
+    """The run reads its signals (none yet: seen = 0), then writes its wait; the signal's
+    transaction is held open or committed at each point in turn. In every order the job ends
+    pending and due at once, with signal_seq 1: the signal is not left to a timeout."""
     job_id = enqueue("approver", {}).id
     _running(job_id, 42)
     found, _, seen, _ = store.read_signal("default", job_id=job_id, name="approve", seq=1)
     assert not found and seen == 0
+
+    def wait():
+        return store.snooze(
+            "default",
+            job_id=job_id,
+            token=42,
+            until=NEVER.isoformat(),
+            counts=False,
+            limit=1000,
+            reason="signal:approve",
+            seen=seen,
+        )
+
     with psycopg.connect(**_params(), autocommit=False) as other:
-        result = {}
-
-        def wait():
-            try:
-                result["row"] = store.snooze(
-                    "default",
-                    job_id=job_id,
-                    token=42,
-                    until=NEVER.isoformat(),
-                    counts=False,
-                    limit=1000,
-                    reason="signal:approve",
-                    seen=seen,
-                )
-            finally:
-                if threading.current_thread() is not threading.main_thread():
-                    connections.close_all()  # this thread's own connection, not left to the GC
-
-        if order == "signal-commits-during-the-snooze":
-            # The signal's transaction has the job's row when the run writes its wait: the wait
-            # blocks on the row, then reads the newest signal_seq and is due at once.
+        if order == "signal-open-while-the-wait-is-written":
+            # The signal is inserted but not committed: the wait neither sees it nor waits for
+            # it (no row lock is held); the signal's commit then finds the job waiting.
             _signal(other, job_id)
-            waiter = threading.Thread(target=wait)
-            waiter.start()
-            wait_until(
-                lambda: _blocked_on_lock(job_id),
-                message="the wait to block on the signal's row lock",
-            )
+            execute("SET lock_timeout = '5s'")  # were the row locked, fail rather than hang
+            try:
+                wait()
+            finally:
+                execute("RESET lock_timeout")
+            assert job_row(job_id)["run_after"] == NEVER
             other.commit()
-            waiter.join(10)
-            assert not waiter.is_alive(), "the wait never finished after the signal committed"
+        elif order == "signal-commits-between-the-read-and-the-wait":
+            # The wait's statement sees signal_seq moved past what its read saw: due at once.
+            _signal(other, job_id)
+            other.commit()
+            wait()
         else:
-            # The wait has committed; the signal then finds it waiting and makes it due.
             wait()
             _signal(other, job_id)
             other.commit()
@@ -238,16 +248,24 @@ def test_a_signal_racing_the_wait_is_never_lost(order):
         assert cursor.fetchone()[0]
 
 
-def _blocked_on_lock(job_id):
-    """Whether a session waits for a lock in an UPDATE of dbqueue_job (read in autocommit on
-    this thread's connection: pg_stat_activity is a snapshot per transaction)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            " AND query LIKE %s",
-            ["%UPDATE dbqueue_job%"],
-        )
-        return cursor.fetchone()[0] >= 1
+def test_an_open_signal_transaction_does_not_hold_back_the_heartbeat():
+    """A signal to a running job, left uncommitted by its sender, locks nothing the worker
+    needs: the heartbeat renews that job and the worker's others at once."""
+    first, second = enqueue("approver", {}).id, enqueue("approver", {}).id
+    _running(first, 5)
+    _running(second, 6)
+    with psycopg.connect(**_params(), autocommit=False) as sender:
+        _signal(sender, first)
+        with psycopg.connect(**_params(), autocommit=True) as worker:
+            worker.execute("SET lock_timeout = '2s'")
+            renewed = worker.execute(
+                EXTEND_LEASES,
+                {"ids": [first, second], "tokens": [5, 6], "commit": None},
+            ).fetchall()
+        assert sorted(row[0] for row in renewed) == [first, second]
+        assert job_row(first)["signal_seq"] == 0  # not yet: the signal changes it at commit
+        sender.commit()
+    assert job_row(first)["signal_seq"] == 1
 
 
 def test_a_short_snooze_is_claimed_when_it_comes_due_not_at_the_poll(start_worker, settings):
