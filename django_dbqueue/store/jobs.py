@@ -240,8 +240,8 @@ def _float_array(values):
 def _array_literals(columns):
     """The batch INSERT's ten arrays as PostgreSQL array literals, each bound as one text
     parameter and cast by the statement, as the claim loop's arrays are (``int_array``): for
-    10,000 jobs psycopg's pure-Python adaptation of ten lists element by element took about 60%
-    of ``enqueue_many``'s time (benchmarks/results/2026-12-05-enqueue-many.md). The values are
+    10,000 jobs psycopg's pure-Python adaptation of ten lists element by element took about a
+    quarter of ``enqueue_many``'s time (benchmarks/results/2026-12-05-enqueue-many.md). The values are
     the same: strings escaped as array elements, ``run_after`` as ISO 8601 in UTC with every
     microsecond (an instant the caller gave; every time of the database's own is still its
     ``now()`` in the statement), floats by ``repr``."""
