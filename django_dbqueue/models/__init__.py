@@ -11,6 +11,7 @@ the same with ten finished rows or ten million.
 - flow.py: ``QueueState``, ``Limiter`` (pause, concurrency and rate limits)
 - rollup.py: ``DepthSample``, ``FinishedMinute`` (the dashboard's history)
 - workers.py: ``WorkerRecord`` (the worker registry)
+- events.py: ``Event`` (published events, docs/events.md)
 - steps.py: ``JobStep`` (the finished steps of a job's runs), ``JobSignal`` (signals to jobs)
 - fields.py: the PostgreSQL array columns the migrations name as ``django_dbqueue.models.X``
 
@@ -23,6 +24,7 @@ from ..states import MAX_PRIORITY as MAX_PRIORITY
 from ..states import MIN_PRIORITY as MIN_PRIORITY
 from ..states import DeliveryState, JobState
 from .deliveries import JobDelivery
+from .events import Event
 from .fields import IdArrayField as IdArrayField
 from .fields import TextArrayField as TextArrayField
 from .fields import TimestampArrayField as TimestampArrayField
@@ -42,6 +44,7 @@ __all__ = [
     "DeliveryState",
     "Dependency",
     "DepthSample",
+    "Event",
     "FinishedMinute",
     "JobDelivery",
     "JobSignal",

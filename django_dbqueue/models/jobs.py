@@ -84,6 +84,19 @@ class BackgroundJob(models.Model):
     )
     wait_token = models.BigIntegerField(null=True, blank=True, editable=False)
     signal_seq = models.PositiveIntegerField(db_default=0, default=0, editable=False)
+    # Publish and subscribe (docs/events.md): the event whose publish made this job, NULL for
+    # every other job (a nullable column with no default: a plain INSERT writes nothing more).
+    # No foreign key in the database: the prune deletes jobs and events with plain SQL.
+    event = models.ForeignKey(
+        "django_dbqueue.Event",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,  # the partial index below: only the jobs of events
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="jobs",
+    )
 
     class Meta:
         db_table = "dbqueue_job"
@@ -210,6 +223,12 @@ class BackgroundJob(models.Model):
                 fields=["run_after"],
                 name="dbqueue_job_retried_idx",
                 condition=Q(state=JobState.PENDING) & ~Q(errors=[]),
+            ),
+            # An event's jobs (the admin, the prune of events no job refers to).
+            models.Index(
+                fields=["event"],
+                name="dbqueue_job_event_idx",
+                condition=Q(event__isnull=False),
             ),
             # Retention and the dead-letter views: finished rows by age.
             models.Index(
