@@ -53,6 +53,7 @@ import argparse
 import collections
 import contextlib
 import datetime
+import faulthandler
 import io
 import os
 import queue
@@ -75,6 +76,7 @@ PAUSABLE = ["limited", "rated", "default"]
 # Guarded types are never run again; a requeued soak-steps job keeps its recorded steps.
 REQUEUABLE = ("soak-work", "soak-typed", "soak-hang", "soak-steps", "soak-waits")
 WITNESS_EVERY = 0.02
+STEP_STALL = 60.0  # seconds one step of the loop may take before it dumps every thread's stack
 STALL = 20.0  # seconds without any job changing state that end the drain (a hang lasts 4-8 s)
 RESET_TABLES = [
     "dbqueue_job",
@@ -525,6 +527,7 @@ class Soak:
             db_connect("soak checker"), self.facts, lambda: [s.log for s in self.slots]
         )
         self.check_lock = threading.Lock()
+        self.resume_lock = threading.Lock()  # a stopped worker's resume: its timer or the drain
         self.stopping = threading.Event()
         self.draining = threading.Event()
         self.holder = Holder(self)
@@ -583,6 +586,7 @@ class Soak:
         began = time.monotonic()
         try:
             for self.step in range(steps):
+                faulthandler.dump_traceback_later(STEP_STALL)
                 for action in self.events.pop(self.step, ()):
                     action()
                 self.supervise()
@@ -594,6 +598,7 @@ class Soak:
                     time.sleep(delay)  # the schedule's pace; a late step runs at once
             self.drain()
         finally:
+            faulthandler.cancel_dump_traceback_later()
             self.stopping.set()
             checker.join()
             with self.check_lock:
@@ -654,16 +659,18 @@ class Soak:
         self.draining.set()
         self.events.clear()
         for slot in self.slots:
-            if slot.stopped is not None:
-                slot.stopped[3] = self.clock.db()
-                slot.stopped = None
-            slot.signal_group(signal.SIGCONT)
+            with self.resume_lock:
+                if slot.stopped is not None:
+                    slot.stopped[3] = self.clock.db()
+                    slot.stopped = None
+                slot.signal_group(signal.SIGCONT)
             slot.down_until = None
         for name in PAUSABLE:
             resume_queue(name, by="soak")
         began = time.monotonic()
         newest, changed, why = None, began, "at its limit (--drain)"
         while time.monotonic() - began < self.args.drain:
+            faulthandler.dump_traceback_later(STEP_STALL)
             self.supervise()
             left, last = self.admin.execute(
                 "SELECT (SELECT count(*) FROM dbqueue_job "
@@ -701,6 +708,7 @@ class Soak:
         ("partitions", 4),
         ("steps", 5),
         ("waits", 10),
+        ("sql", 6),
     ]
 
     def payload(self, rng, *, fail_rate=0.25):
@@ -772,6 +780,26 @@ class Soak:
     def _produce_serial(self, d, payload, rng):
         queue_name = "limited" if d[1] < 0.3 else "default"
         return self._one(payload=payload, queue=queue_name, serial_key=f"s{int(d[0] * 5)}")
+
+    def _produce_sql(self, d, payload, rng):
+        """A job from plain SQL (``dbqueue_enqueue``, issue 28) with the type's own attempts and
+        lease, half of them on the serial keys of ``_produce_serial``: the row enqueue() writes,
+        so the same promises hold for it."""
+        import json
+
+        from django.db import connection
+
+        from benchmarks import soak_settings
+
+        queue_name = "limited" if d[1] < 0.3 else "default"
+        key = f"s{int(d[0] * 5)}" if d[2] < 0.5 else None
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT dbqueue_enqueue('soak-work', %s::jsonb, queue => %s, max_attempts => 3, "
+                "lease_seconds => %s, serial_key => %s)",
+                [json.dumps(payload), queue_name, float(soak_settings.LEASE), key],
+            )
+            return [cursor.fetchone()[0]]
 
     def _produce_unique(self, d, payload, rng):
         mode = "pending" if d[1] < 0.5 else "active"
@@ -1065,12 +1093,18 @@ class Soak:
         seconds = soak_settings.LEASE + 1.5 + length * 2.0
 
         def resume():
-            if slot.stopped is entry:
-                entry[3] = self.clock.db()
-                slot.signal_group(signal.SIGCONT)
-                slot.stopped = None
+            with self.resume_lock:
+                if slot.stopped is entry:
+                    entry[3] = self.clock.db()
+                    slot.signal_group(signal.SIGCONT)
+                    slot.stopped = None
 
-        self.at(self.step + int(seconds / STEP), resume)
+        # Not an event of the soak's loop: the loop's own statements (an operator's cancel, a
+        # requeue, a producer's enqueue) can wait on a row lock the stopped worker holds in an
+        # open transaction, and would then wait forever for the SIGCONT queued behind them.
+        timer = threading.Timer(int(seconds / STEP) * STEP, resume)
+        timer.daemon = True
+        timer.start()
 
     def _fault_sigterm(self, slot, length):
         self.facts.faults.append(["sigterm", slot.tag, self.clock.db(), None])
@@ -1145,6 +1179,9 @@ def _other(counter):
 
 def main(argv=None):
     args = parse_args(argv)
+    # Where a soak that does not end is stuck: every thread's stack on SIGUSR1 (the suite's
+    # test sends it before it gives up), and by itself when one step of the loop stalls.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     setup(args)
     return Soak(args).run()
 

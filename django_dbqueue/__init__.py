@@ -8,6 +8,7 @@ from .cancellation import cancel
 from .context import JobContext
 from .deliveries import Delivery, DeliveryFailed, begin_delivery, deliver, settle_delivery
 from .enqueue import EnqueuedJob, enqueue, enqueue_many
+from .events import PublishedEvent, publish, replay_event
 from .exceptions import (
     DBQueueError,
     DiscardJob,
@@ -52,6 +53,7 @@ __all__ = [
     "LeaseLost",
     "NotMigrated",
     "PayloadError",
+    "PublishedEvent",
     "RetryJob",
     "ScheduleError",
     "SignalTimeout",
@@ -72,6 +74,8 @@ __all__ = [
     "group",
     "job",
     "pause_queue",
+    "publish",
+    "replay_event",
     "resume_queue",
     "schedule_job",
     "settle_delivery",

@@ -16,6 +16,8 @@ Ids are stable and listed in docs/checks.md:
   invalid: not an integer >= 1, a malformed rate limit, a key that is not a payload field name.
 - ``dbqueue.E012`` a job type's ``global_concurrency`` or ``rate_limit`` is invalid (a type
   registered without ``@job``, which validates them when it is applied).
+- ``dbqueue.E013`` ``SUBSCRIPTIONS`` is malformed or lists a job type that is not registered
+  (or has a ``unique_key``, which a subscriber cannot have).
 - ``dbqueue.W001`` a lease shorter than two heartbeat intervals: one late heartbeat loses it.
 - ``dbqueue.W002`` an atomic job type with no timeout, or a long one: its transaction stays open
   for the whole run, holding locks and holding back vacuum.
@@ -156,6 +158,9 @@ def check_settings(app_configs=None, **kwargs):
         if key == "QUEUES":
             errors.extend(_check_queues(value))
             continue
+        if key == "SUBSCRIPTIONS":
+            errors.extend(_check_subscriptions(value))
+            continue
         predicate, expected = RULES[key]
         if not predicate(value):
             errors.append(
@@ -216,6 +221,53 @@ def _check_schedule(conf):
                 "dbqueue.E008": "Use a 5-field cron expression ('0 3 * * *') or 'every': seconds.",
             }.get(exc.check_id, "See docs/periodic.md for the entry's keys.")
             errors.append(Error(str(exc), hint=hint, id=exc.check_id))
+    return errors
+
+
+_SUBSCRIPTIONS_HINT = (
+    "SUBSCRIPTIONS maps an event name to the job types that each publish() of it makes a job "
+    "of, e.g. {'invoice.paid': ['send-receipt', 'update-ledger']} (docs/events.md)."
+)
+
+
+def _check_subscriptions(value):
+    def error(message):
+        return _error("E013", f"{SETTING_NAME}['SUBSCRIPTIONS'] {message}", _SUBSCRIPTIONS_HINT)
+
+    if not isinstance(value, dict):
+        return [error(f"must be a dict, got {validation.shown(value)}.")]
+    errors = []
+    for event, types in value.items():
+        try:
+            validation.type_name(event, "has an event name that")
+        except ValueError as exc:
+            errors.append(error(f"{exc}."))
+            continue
+        if isinstance(types, str) or not isinstance(types, list | tuple):
+            errors.append(
+                error(
+                    f"[{event!r}] must be a list of job type names, got {validation.shown(types)}."
+                )
+            )
+            continue
+        for name in types:
+            job_type = registry.get(name) if isinstance(name, str) else None
+            if job_type is None:
+                known = difflib.get_close_matches(str(name), registry.all_types(), n=1)
+                hint = f" Did you mean {known[0]!r}?" if known else ""
+                errors.append(
+                    error(
+                        f"[{event!r}] lists {validation.shown(name)}, which is not "
+                        f"a registered job type.{hint}"
+                    )
+                )
+            elif job_type.unique_key is not None:
+                errors.append(
+                    error(
+                        f"[{event!r}] lists {name!r}, which has a unique_key; a "
+                        "subscriber's job is keyed by its event instead."
+                    )
+                )
     return errors
 
 

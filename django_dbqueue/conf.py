@@ -52,6 +52,7 @@ DEFAULTS = {
     "SCHEDULE_INTERVAL": 1.0,  # seconds between each worker's scheduler passes
     "METRICS_CACHE": 10.0,  # seconds a process reuses its table gauges between scrapes
     "METRICS_TOKEN": None,  # bearer token that metrics_view accepts instead of a staff login
+    "SUBSCRIPTIONS": {},  # event name -> [job type, ...] that publish() makes a job of
 }
 
 
@@ -172,6 +173,7 @@ RULES = {
         lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
         "None or a string of at least 16 characters",
     ),
+    "SUBSCRIPTIONS": (None, "a dict of event name -> list of job type names"),
 }
 assert set(RULES) == set(DEFAULTS), "every setting needs a check rule"
 

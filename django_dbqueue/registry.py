@@ -36,6 +36,8 @@ class JobType:
     unique_key: Any = None
     unique_while: str | None = None
     serial_key: Any = None
+    # Publish and subscribe (docs/events.md): the event names whose publish makes a job of it.
+    subscribes: tuple = ()
 
     @property
     def location(self):
@@ -118,6 +120,25 @@ def _validate_flow_options(where, unique_key, unique_while, serial_key):
         validation.unique_while(unique_while, f"{where}: unique_while", error=error)
 
 
+def _validate_subscribes(where, subscribes, unique_key):
+    """The event names of ``@job(subscribes=...)``, as a tuple without repeats."""
+    if subscribes is None:
+        return ()
+    if isinstance(subscribes, str) or not isinstance(subscribes, list | tuple):
+        raise JobRegistrationError(
+            f"{where}: subscribes must be a list of event names, e.g. "
+            f"subscribes=['invoice.paid'], got {validation.shown(subscribes)}"
+        )
+    for index, event in enumerate(subscribes):
+        validation.type_name(event, f"{where}: subscribes[{index}]", error=JobRegistrationError)
+    if subscribes and unique_key is not None:
+        raise JobRegistrationError(
+            f"{where}: a subscriber cannot have a unique_key; each published event makes one "
+            "job of it, keyed by the event (docs/events.md)"
+        )
+    return tuple(dict.fromkeys(subscribes))
+
+
 def _validate_options(
     name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
 ):
@@ -167,6 +188,7 @@ def job(
     unique_key=None,
     unique_while=None,
     serial_key=None,
+    subscribes=None,
 ):
     """Register the decorated function as the handler of job type ``name``.
 
@@ -187,6 +209,9 @@ def job(
     time, in enqueue order. ``enqueue()``'s own arguments override them. ``unique_while`` alone
     is the mode of the keys given to ``enqueue()``.
 
+    ``subscribes``: event names (a list of str); each ``publish()`` of one of them makes a job
+    of this type with the event's payload (docs/events.md).
+
     The handler takes one argument, the :class:`~django_dbqueue.JobContext`. ``async def``
     handlers are supported.
     """
@@ -194,6 +219,7 @@ def job(
         name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
     )
     _validate_flow_options(f"@job({name!r})", unique_key, unique_while, serial_key)
+    subscribes = _validate_subscribes(f"@job({name!r})", subscribes, unique_key)
     if not isinstance(atomic, bool):  # "yes", 1 or None would be read as a truth value
         raise JobRegistrationError(
             f"@job({name!r}): atomic must be True or False, got {validation.shown(atomic)}"
@@ -228,6 +254,7 @@ def job(
                 unique_key=unique_key,
                 unique_while=unique_while,
                 serial_key=serial_key,
+                subscribes=subscribes,
             )
         )
         return func

@@ -27,9 +27,10 @@ class Sweeper:
 
     def run_once(self):
         """One pass. Returns ``{"rescued": n, "dead": n, "cancelled": n, "pruned": n,
-        "workers_forgotten": n}``."""
+        "events_pruned": n, "workers_forgotten": n}``."""
         counts = self.rescue()
         counts["pruned"] = self.prune()
+        counts["events_pruned"] = self.prune_events()
         counts["workers_forgotten"] = self.forget_workers()
         return counts
 
@@ -63,6 +64,20 @@ class Sweeper:
                     break
         if pruned:
             logger.info("dbqueue pruned %d finished jobs past their retention", pruned)
+        return pruned
+
+    def prune_events(self):
+        """Delete published events that no job refers to any more and that are older than
+        ``DONE_RETENTION`` (kept forever when it is None): docs/events.md."""
+        conf = self.conf
+        if conf.DONE_RETENTION is None:
+            return 0
+        pruned = 0
+        for _ in range(self.MAX_ROUNDS):
+            deleted = store.prune_events(self.db, age=conf.DONE_RETENTION, limit=conf.SWEEP_BATCH)
+            pruned += deleted
+            if deleted < conf.SWEEP_BATCH:
+                break
         return pruned
 
     def rescue(self):

@@ -11,6 +11,7 @@ One module per page, each registering its model admin:
   job_steps.py: read only, no page of their own)
 - dead_letters.py: ``DeadLetterAdmin``
 - deliveries.py: ``JobDeliveryAdmin``
+- events.py: ``EventAdmin`` (published events, read-only; a job's link to its event)
 - queues.py: ``QueueStateAdmin`` (flow control)
 - schedules.py: ``ScheduleEntryAdmin`` (periodic jobs)
 - workers.py: ``WorkerRecordAdmin`` (the worker registry)
@@ -18,6 +19,6 @@ One module per page, each registering its model admin:
 common.py and filters.py hold what the job lists share.
 """
 
-from . import dead_letters, deliveries, jobs, queues, schedules, workers
+from . import dead_letters, deliveries, events, jobs, queues, schedules, workers
 
-__all__ = ["dead_letters", "deliveries", "jobs", "queues", "schedules", "workers"]
+__all__ = ["dead_letters", "deliveries", "events", "jobs", "queues", "schedules", "workers"]

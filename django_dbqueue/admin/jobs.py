@@ -19,6 +19,7 @@ from ..models import UNIQUE_HELD, BackgroundJob
 from ..states import FINISHED_STATES, JobState
 from .common import CappedCountPaginator, exact_search, pre, shorten
 from .dashboard_page import dashboard_context
+from .events import event_link
 from .filters import FlowFilter, QueueFilter, StuckFilter, TypeFilter, live_serial
 from .job_steps import steps_html
 
@@ -76,6 +77,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "snoozes",
         "waiting_for_display",
         "workflow_display",
+        "event_display",
     ]
     fieldsets = [
         (None, {"fields": ["id", "type", "queue", "state", "priority", "idempotency_key"]}),
@@ -92,6 +94,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         ("Data", {"fields": ["payload_pretty", "result_pretty", "errors_pretty"]}),
         ("Steps and waits", {"fields": ["waiting_for_display", "snoozes", "steps_display"]}),
         ("Workflow", {"fields": ["workflow_display"]}),
+        ("Published event", {"fields": ["event_display"]}),
     ]
     change_list_template = "admin/django_dbqueue/change_list.html"
 
@@ -238,6 +241,10 @@ class BackgroundJobAdmin(admin.ModelAdmin):
     def steps_display(self, obj):
         """The steps the job recorded (ctx.step), at most job_steps.STEPS_SHOWN of them."""
         return steps_html(obj.pk)
+
+    @admin.display(description="made by the event")
+    def event_display(self, obj):
+        return event_link(obj)  # docs/events.md
 
     @admin.display(description="waits on / waited on by")
     def workflow_display(self, obj):

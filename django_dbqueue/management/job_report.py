@@ -77,6 +77,8 @@ def lines(job, total, steps):
     """The text: the fields, then ``steps: N`` and one line per shown step (name, the attempt
     that finished it, when, its result cut to ``RESULT_CHARS``), then how many more."""
     out = [f"{label}: {one_line(value(job))}" for label, value in FIELDS]
+    if job.get("event_id") is not None:  # a job that a publish made (docs/events.md)
+        out.append(f"event: {one_line(job['event'] or '(deleted)')} #{job['event_id']}")
     shown = f" (the first {len(steps)} below)" if total > len(steps) else ""
     out.append(f"steps: {total}{shown}")
     rows = [
@@ -105,7 +107,13 @@ def as_json(job, total, steps):
     8601, ``last_error`` the last entry of the error history as stored, or null), ``steps_total``
     and ``steps`` (the first ``STEPS_SHOWN``, results decoded)."""
     return {
-        **{key: value for key, value in job.items() if key not in ("last_error", "run_after")},
+        **{
+            key: value
+            for key, value in job.items()
+            if key not in ("last_error", "run_after", "event_id", "event")
+        },
+        # Only for a job that a publish made (docs/events.md).
+        **({"event": {"id": job["event_id"], "name": job["event"]}} if job.get("event_id") else {}),
         "run_after": job["run_after"] and job["run_after"].isoformat(),
         "last_error": _decode(job["last_error"]),
         "steps_total": total,

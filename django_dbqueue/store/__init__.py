@@ -36,6 +36,14 @@ from .dashboard import (
     rollup_minute,
 )
 from .deliveries import begin_delivery, delivery, settle_deliveries, settle_delivery
+from .events import (
+    event,
+    event_by_key,
+    event_jobs,
+    prune_events,
+    publish_event,
+    replay_event,
+)
 from .flow import ensure_queues, flow_state, pause_queue, rate_window, resume_queue
 from .jobs import (
     ids_by_keys,
@@ -117,6 +125,9 @@ __all__ = [
     "end_cancelled",
     "ensure_queues",
     "ensure_schedule",
+    "event",
+    "event_by_key",
+    "event_jobs",
     "extend_leases",
     "fail",
     "fail_job",
@@ -142,13 +153,16 @@ __all__ = [
     "new_token",
     "pause_queue",
     "prune",
+    "prune_events",
     "prune_rollup",
+    "publish_event",
     "rate_window",
     "read_back",
     "read_signal",
     "release",
     "release_ending",
     "release_unknown",
+    "replay_event",
     "request_cancel",
     "requeue",
     "requeue_blocked",

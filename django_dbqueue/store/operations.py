@@ -311,7 +311,8 @@ def status(using, queues=()):
 JOB_STATUS = """
 SELECT id, type, queue, state, attempts, max_attempts, run_after, worker_id,
        (errors -> -1)::text AS last_error, snoozes,
-       CASE WHEN state = 'pending' AND wait_token = lease_token THEN wait_reason END
+       CASE WHEN state = 'pending' AND wait_token = lease_token THEN wait_reason END,
+       event_id, (SELECT e.name FROM dbqueue_event AS e WHERE e.id = event_id)
 FROM dbqueue_job WHERE id = %(job)s
 """
 JOB_STATUS_FIELDS = (
@@ -326,6 +327,8 @@ JOB_STATUS_FIELDS = (
     "last_error",
     "snoozes",
     "waiting_for",
+    "event_id",
+    "event",
 )
 
 
@@ -333,7 +336,9 @@ def job_status(using, job_id):
     """``{"id", "type", "queue", "state", "attempts", "max_attempts", "run_after", "worker_id",
     "last_error", "snoozes", "waiting_for"}`` of the job (``last_error``: the last error entry as
     JSON text, or None; ``waiting_for``: ``"sleep:<name>"`` or ``"signal:<name>"`` while a
-    pending job is in a durable wait, else None), or None when there is no such job."""
+    pending job is in a durable wait, else None; ``event_id`` and ``event``: the published
+    event that made the job and its name, docs/events.md, else None), or None when there is no
+    such job."""
     rows = _execute(using, JOB_STATUS, {"job": job_id})
     return dict(zip(JOB_STATUS_FIELDS, rows[0], strict=True)) if rows else None
 

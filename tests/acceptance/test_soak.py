@@ -10,7 +10,9 @@ A failure shows the soak's violations and names its worker logs (kept for the po
 Replay a failure with the command the soak prints first (the same seed, the same schedule).
 """
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -46,16 +48,29 @@ def test_every_promise_holds_while_workers_operators_and_faults_interleave(tmp_p
         "--database", soak_database(),
         "--log-dir", str(tmp_path / "soak"),
     ]  # fmt: skip
-    result = subprocess.run(
+    process = subprocess.Popen(
         command,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=MINUTES * 60 + DRAIN + 180,
-        check=False,
     )
-    lines = result.stdout.strip().splitlines()
-    report = "\n".join(lines[-60:]) + ("\n--- stderr ---\n" + result.stderr[-3000:])
+    try:
+        stdout, stderr = process.communicate(timeout=MINUTES * 60 + DRAIN + 180)
+    except subprocess.TimeoutExpired:
+        # The soak is stuck: ask it for every thread's stack (faulthandler on SIGUSR1) before
+        # it is killed, so that the failure says where.
+        process.send_signal(signal.SIGUSR1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.communicate(timeout=5)  # the stacks reach the pipe; it goes on running
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(
+            f"the soak did not end in time; its last output:\n{stdout[-4000:]}\n"
+            f"--- stderr (thread stacks) ---\n{stderr[-12000:]}"
+        )
+    lines = stdout.strip().splitlines()
+    report = "\n".join(lines[-60:]) + ("\n--- stderr ---\n" + stderr[-3000:])
     assert lines and lines[-1] == "violations: 0", report
-    assert result.returncode == 0, report
+    assert process.returncode == 0, report
