@@ -19,6 +19,8 @@ Ids are stable and listed in docs/checks.md:
 - ``dbqueue.E013`` ``SUBSCRIPTIONS`` is malformed or lists a job type that is not registered
   (or has a ``unique_key``, which a subscriber cannot have).
 - ``dbqueue.W001`` a lease shorter than two heartbeat intervals: one late heartbeat loses it.
+- ``dbqueue.W004`` a fair queue that a fleet-wide limit applies to (its own, or a job type's):
+  the limited claim takes its jobs in priority order, not round-robin by key.
 - ``dbqueue.W002`` an atomic job type with no timeout, or a long one: its transaction stays open
   for the whole run, holding locks and holding back vacuum.
 - ``dbqueue.W003`` the queue's tables do not exist in its database: run ``manage.py migrate``
@@ -89,6 +91,15 @@ def _check_queues(queues):
                 errors.extend(_flow_error("E011", validation.concurrency_limit, value, label))
             elif key == "rate_limit":
                 errors.extend(_flow_error("E011", validation.rate_limit, value, label))
+            elif key == "fair":
+                if not isinstance(value, bool):
+                    errors.append(
+                        _error(
+                            "E003",
+                            f"{label} must be True or False, got {validation.shown(value)}.",
+                            hint='For example "tenants": {"fair": True} (docs/fairness.md).',
+                        )
+                    )
             elif not _QUEUE_CONCURRENCY[0](value):
                 errors.append(
                     _error(
@@ -113,6 +124,33 @@ def _flow_error(id_, validator, value, label):
             )
         ]
     return []
+
+
+def _check_fair_limits(conf):
+    """W004: the limited claim (any fleet-wide limit) knows no fairness (docs/fairness.md)."""
+    queues = conf.QUEUES if isinstance(conf.QUEUES, dict) else {}
+    fair = [n for n, o in queues.items() if isinstance(o, dict) and o.get("fair") is True]
+    if not fair:
+        return []
+    limited = [n for n, o in queues.items() if isinstance(o, dict) and o.get("global_concurrency")]
+    limited += [n for n, o in queues.items() if isinstance(o, dict) and o.get("rate_limit")]
+    limited += [
+        f"job type {t.name!r}"
+        for t in registry.all_types().values()
+        if t.global_concurrency is not None or t.rate_limit is not None
+    ]
+    if not limited:
+        return []
+    return [
+        Warning(
+            f"fair queues {', '.join(map(repr, fair))} are claimed by the limited claim, "
+            f"because fleet-wide limits are set ({', '.join(map(str, limited))}): their jobs "
+            "are taken in priority order, not round-robin by fair key.",
+            hint="Serve the fair queues with workers that no limit applies to, or drop the "
+            "limits (docs/fairness.md#limits).",
+            id="dbqueue.W004",
+        )
+    ]
 
 
 def _check_type_flow():
@@ -203,6 +241,7 @@ def check_settings(app_configs=None, **kwargs):
             )
     errors.extend(_check_atomic_timeouts())
     errors.extend(_check_type_flow())
+    errors.extend(_check_fair_limits(conf))
     errors.extend(_check_schedule(conf))
     errors.extend(_check_database(conf))
     return errors

@@ -112,16 +112,21 @@ class ClaimTiming:
         """The claim runs now: what made it due is spent."""
         self.claim_next = self.keyed_due = False
 
-    def claimed(self, now, *, got, asked, threads, keyed, held, reopen_in, limited, jitter=0.0):
+    def claimed(
+        self, now, *, got, asked, threads, keyed, held, reopen_in, limited, jitter=0.0, fair=False
+    ):
         """A claim that asked for ``asked`` returned ``got`` jobs (``keyed`` of them with a serial
         key), with ``threads`` free; ``held``/``reopen_in`` say what a fleet-wide limit did
-        (``limited``: the claim ran under one)."""
+        (``limited``: the claim ran under one; ``fair``: the fair claim, store/fair.py, whose
+        batch comes back short when its keys hold fewer jobs than their share)."""
         self.held = held
         self.reopen_at = None if reopen_in is None else now + reopen_in + jitter
         # A short batch may not mean an empty queue: the plain claim leaves out the keyed jobs
         # beyond the free threads (all of them when none is free). When it may have, claim
         # again as capacity frees up rather than wait for a notification.
-        self.cut = not limited and got < asked and (threads == 0 or keyed >= threads)
+        self.cut = (
+            not limited and got < asked and (threads == 0 or keyed >= threads or (fair and got))
+        )
         self.adapt(asked if self.cut else got, asked)
 
     def after_claim(self, claimed, asked):

@@ -50,6 +50,10 @@ def claim(w, done=None):
         flow=w.flow,
         # A job with a serial key holds its key from its claim on: only for a free thread.
         threads=threads,
+        # Fair queues (docs/fairness.md): taken round-robin by key from where the last claim
+        # of this worker left each one.
+        fair=w.fair,
+        cursors=w.fair_cursors,
     )
     # Before the statement: the lease it takes ends no sooner than LEASE after this instant.
     sent = time.monotonic()
@@ -71,6 +75,8 @@ def claim(w, done=None):
     else:
         claimed = w.session.execute(*statement)
     rows = store.claimed_rows(claimed)
+    if w.fair is not None and w.flow is None:
+        next_cursors(w.fair_cursors, rows)
     w.timing.claimed(
         time.monotonic(),
         got=len(rows),
@@ -80,6 +86,7 @@ def claim(w, done=None):
         held=rows.held,
         reopen_in=rows.reopen_in,
         limited=w.flow is not None,
+        fair=w.fair is not None and w.flow is None,
         # A little jitter, so that the fleet's workers do not all come at the same instant.
         jitter=random.uniform(0.0, 0.02),
     )
@@ -97,6 +104,19 @@ def claim(w, done=None):
     if rows and logger.isEnabledFor(logging.DEBUG):
         logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
     return len(rows), asked
+
+
+def next_cursors(cursors, rows):
+    """Update ``cursors`` after a fair claim that returned ``rows``: per fair queue, the key of
+    the last place in the walk that a job was claimed from ('' for the jobs without a key: the
+    next walk starts again at the first key). A queue nothing was claimed from keeps its cursor."""
+    last = {}
+    for row in rows:
+        if row.fair_pos and row.fair_pos > last.get(row.queue, (0, None))[0]:
+            last[row.queue] = (row.fair_pos, row.fair_key)
+    for queue, (_, key) in last.items():
+        cursors[queue] = "" if key is None else key
+    return cursors
 
 
 def _entry(w, row, token, sent):

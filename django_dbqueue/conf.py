@@ -56,8 +56,9 @@ DEFAULTS = {
 }
 
 
-# A queue's options in QUEUES (flow control: docs/concepts/flow-control.md).
-QUEUE_OPTIONS = ("concurrency", "global_concurrency", "rate_limit")
+# A queue's options in QUEUES (flow control: docs/concepts/flow-control.md; "fair": True takes
+# its jobs round-robin by their fair key, docs/fairness.md).
+QUEUE_OPTIONS = ("concurrency", "global_concurrency", "rate_limit", "fair")
 
 
 # The rule of each key: what the system checks (checks.py) hold a value to, and what code that

@@ -28,6 +28,7 @@ def enqueue(
     unique_while=None,
     debounce=False,
     serial_key=None,
+    fair_key=None,
 ):
     """Add a job of registered ``type`` with a JSON ``payload``; returns an :class:`EnqueuedJob`.
 
@@ -59,6 +60,10 @@ def enqueue(
     ``@job(serial_key=...)``) never run at the same time, and start in enqueue order: a job
     waits while another of its key runs or an older one is pending, even one waiting for a retry.
 
+    **Fair key.** In a queue with ``{"fair": True}``, the claim takes jobs round-robin by
+    ``fair_key`` (a str or int; or the type's ``@job(fair_key=...)``), so that one key's backlog
+    does not delay another key's job (docs/fairness.md). Elsewhere it is stored and unused.
+
     ``run_after`` (aware datetime) or ``delay`` (seconds or timedelta) schedules the job.
     ``queue``, ``priority`` (-100..100, higher first) and ``max_attempts`` default to the type's.
 
@@ -86,6 +91,7 @@ def enqueue(
         wf = Workflow()
         options = {"queue": queue, "priority": priority, "run_after": run_after}
         options.update(delay=delay, max_attempts=max_attempts, serial_key=serial_key)
+        options.update(fair_key=fair_key)
         wf.add(
             type,
             payload,
@@ -110,6 +116,7 @@ def enqueue(
         unique_while=unique_while,
         debounce=debounce,
         serial_key=serial_key,
+        fair_key=fair_key,
     )
     traceparent = tracing.current_traceparent()
     if traceparent is not None:  # only inside an OpenTelemetry trace (docs/observability.md)
@@ -172,6 +179,7 @@ _SPEC_KEYS = {
     "idempotency_key",
     "max_attempts",
     "serial_key",
+    "fair_key",
 }
 
 

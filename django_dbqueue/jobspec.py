@@ -108,18 +108,21 @@ def _derived_key(job_type, label, given, payload):
     return validation.job_key(given, label, error=EnqueueError)
 
 
-_NO_FLOW = {"unique_key": None, "unique_while": None, "serial_key": None}
+_NO_FLOW = {"unique_key": None, "unique_while": None, "serial_key": None, "fair_key": None}
 
 
-def _flow(job_type, payload, *, unique_key, unique_while, debounce, serial_key):
-    """The flow-control values of one job (docs/concepts/flow-control.md), validated."""
+def _flow(job_type, payload, *, unique_key, unique_while, debounce, serial_key, fair_key=None):
+    """The flow-control values of one job (docs/concepts/flow-control.md), validated; with its
+    fair key (docs/fairness.md)."""
     if (
         debounce is False
         and unique_key is None
         and unique_while is None
         and serial_key is None
+        and fair_key is None
         and job_type.unique_key is None
         and job_type.serial_key is None
+        and getattr(job_type, "fair_key", None) is None
     ):
         return _NO_FLOW  # (read, never changed: the caller copies it into the job's values)
     if not isinstance(debounce, bool):
@@ -140,6 +143,7 @@ def _flow(job_type, payload, *, unique_key, unique_while, debounce, serial_key):
         "unique_key": unique_key,
         "unique_while": unique_while,
         "serial_key": _derived_key(job_type, "serial_key", serial_key, payload),
+        "fair_key": _derived_key(job_type, "fair_key", fair_key, payload),
     }
 
 
@@ -158,6 +162,7 @@ def prepare(
     unique_while=None,
     debounce=False,
     serial_key=None,
+    fair_key=None,
 ):
     """Validate one job's arguments; returns the values its INSERT binds."""
     job_type = _job_type(type)
@@ -168,6 +173,7 @@ def prepare(
         unique_while=unique_while,
         debounce=debounce,
         serial_key=serial_key,
+        fair_key=fair_key,
     )
     if idempotency_key is not None and flow["unique_key"] is not None:
         raise EnqueueError(
@@ -253,4 +259,5 @@ def columns_of(prepared):
         "max_attempts": [p["max_attempts"] for p in prepared],
         "leases": [p["lease"] for p in prepared],
         "serial_keys": [p["serial_key"] for p in prepared],
+        "fair_keys": [p["fair_key"] for p in prepared],
     }

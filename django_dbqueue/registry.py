@@ -36,6 +36,9 @@ class JobType:
     unique_key: Any = None
     unique_while: str | None = None
     serial_key: Any = None
+    # Fair shares (docs/fairness.md): a callable of the payload, the key a fair queue's claim
+    # takes jobs round-robin by.
+    fair_key: Any = None
     # Publish and subscribe (docs/events.md): the event names whose publish makes a job of it.
     subscribes: tuple = ()
 
@@ -108,9 +111,13 @@ def name_sig(func, sig):
     return f"{getattr(func, '__name__', func)}{sig}"
 
 
-def _validate_flow_options(where, unique_key, unique_while, serial_key):
+def _validate_flow_options(where, unique_key, unique_while, serial_key, fair_key=None):
     error = JobRegistrationError
-    for label, value in (("unique_key", unique_key), ("serial_key", serial_key)):
+    for label, value in (
+        ("unique_key", unique_key),
+        ("serial_key", serial_key),
+        ("fair_key", fair_key),
+    ):
         if value is not None and not callable(value):
             raise error(
                 f"{where}: {label} must be a callable of the payload returning a str or int "
@@ -189,6 +196,7 @@ def job(
     unique_while=None,
     serial_key=None,
     subscribes=None,
+    fair_key=None,
 ):
     """Register the decorated function as the handler of job type ``name``.
 
@@ -207,7 +215,9 @@ def job(
     ``unique_while`` (``"pending"`` or ``"active"``, the default) makes a second enqueue while
     one job of the key is live return that job; ``serial_key`` runs the jobs of a key one at a
     time, in enqueue order. ``enqueue()``'s own arguments override them. ``unique_while`` alone
-    is the mode of the keys given to ``enqueue()``.
+    is the mode of the keys given to ``enqueue()``. ``fair_key``: in a queue with
+    ``{"fair": True}``, the key whose jobs the claim takes round-robin with the other keys'
+    (a tenant or account id; docs/fairness.md).
 
     ``subscribes``: event names (a list of str); each ``publish()`` of one of them makes a job
     of this type with the event's payload (docs/events.md).
@@ -218,7 +228,7 @@ def job(
     rate_limit = _validate_options(
         name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
     )
-    _validate_flow_options(f"@job({name!r})", unique_key, unique_while, serial_key)
+    _validate_flow_options(f"@job({name!r})", unique_key, unique_while, serial_key, fair_key)
     subscribes = _validate_subscribes(f"@job({name!r})", subscribes, unique_key)
     if not isinstance(atomic, bool):  # "yes", 1 or None would be read as a truth value
         raise JobRegistrationError(
@@ -254,6 +264,7 @@ def job(
                 unique_key=unique_key,
                 unique_while=unique_while,
                 serial_key=serial_key,
+                fair_key=fair_key,
                 subscribes=subscribes,
             )
         )

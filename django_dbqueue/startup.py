@@ -6,6 +6,8 @@ pool, wake-up waiting and maintenance services; ``set_flow`` its fleet-wide limi
 pool and the listener (or the supervisor's wake-up pipe).
 """
 
+import logging
+
 from . import flow, waiters
 from .acks import Acknowledger
 from .connections import Session
@@ -17,6 +19,8 @@ from .presence import Presence
 from .rollup import Rollup
 from .scheduler import Scheduler
 from .sweeper import Sweeper
+
+logger = logging.getLogger("django_dbqueue")
 
 
 def assemble(w, conf, *, waker):
@@ -76,6 +80,19 @@ def set_flow(w, conf):
     what held it back: a full concurrency limit (claim again when one of our jobs ends) or a
     rate window (claim again when it reopens, not at every poll)."""
     w.flow = flow.claim_params(conf, w.queues)
+    # Fair queues (docs/fairness.md): per queue whether it is fair (None: none is), and per fair
+    # queue the last key this worker served in it, where its next claim goes on.
+    fair = [bool((conf.QUEUES.get(name) or {}).get("fair")) for name in w.queues]
+    w.fair = fair if any(fair) else None
+    w.fair_cursors = getattr(w, "fair_cursors", {})
+    if w.fair is not None and w.flow is not None and not getattr(w, "_fair_warned", False):
+        w._fair_warned = True  # set_flow runs twice: at __init__ and at start
+        logger.warning(
+            "dbqueue worker: fleet-wide limits apply to its queues, so the limited claim takes "
+            "the jobs of its fair queues (%s) in priority order, not round-robin by key "
+            "(docs/fairness.md)",
+            ", ".join(n for n, f in zip(w.queues, fair, strict=True) if f),
+        )
     # The queues whose fleet-wide concurrency limit counts their running jobs: a run of
     # theirs past its timeout stays `running` until its thread returns (heartbeat.py).
     w._limited_queues = {

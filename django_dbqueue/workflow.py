@@ -15,7 +15,7 @@ from .jobspec import EnqueuedJob, columns_of, database, prepare
 
 ON_FAILURE = ("cancel", "run")
 
-_OPTIONS = ("queue", "priority", "run_after", "delay", "max_attempts", "serial_key")
+_OPTIONS = ("queue", "priority", "run_after", "delay", "max_attempts", "serial_key", "fair_key")
 
 
 class WorkflowJob:
@@ -159,6 +159,7 @@ class Workflow:
                         max_attempts=job.options.get("max_attempts"),
                         conf=conf,
                         serial_key=job.options.get("serial_key"),
+                        fair_key=job.options.get("fair_key"),
                     )
                 )
                 if prepared[-1]["unique_key"] is not None:

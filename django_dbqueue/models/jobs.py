@@ -72,6 +72,10 @@ class BackgroundJob(models.Model):
     # Serial key (docs/concepts/keys.md): jobs sharing it never run at the same time, and run in
     # enqueue (id) order; enforced by the claim (store.claiming.CLAIM_JOBS).
     serial_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
+    # Fair shares (docs/fairness.md): the key a fair queue's claim takes jobs round-robin by
+    # (a tenant, an account), set at enqueue from ``@job(fair_key=...)`` or ``enqueue(fair_key=)``.
+    # NULL: no key; a fair queue serves its keyless jobs as one more key.
+    fair_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
     # Snoozes and durable waits (docs/steps.md): how many times a handler snoozed (``Snooze``:
     # back to pending without spending an attempt; bounded by MAX_SNOOZES), and what a pending
     # job waits for ("sleep:<name>", "signal:<name>"), valid while ``wait_token`` equals
@@ -189,6 +193,17 @@ class BackgroundJob(models.Model):
                 "run_after",
                 "id",
                 name="dbqueue_job_claim_idx",
+                condition=Q(state=JobState.PENDING),
+            ),
+            # The fair claim (store/fair.py): per queue, the distinct keys of the pending jobs
+            # (a skip scan), then per key its jobs in claim order.
+            models.Index(
+                "queue",
+                "fair_key",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="dbqueue_job_fair_idx",
                 condition=Q(state=JobState.PENDING),
             ),
             # The sweeper: running rows by lease expiry.

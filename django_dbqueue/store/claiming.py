@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass
 
 from ..connections import PlannedOnce
+from . import fair as fair_claim
 from ._db import _commit, _execute, int_array, text_array
 
 
@@ -26,6 +27,8 @@ class ClaimedRow:
     wait: float = 0.0  # seconds from run_after (due) to the claim, in database time
     traceparent: str | None = None  # the enqueuer's W3C trace context, if it had one
     keyed: bool = False  # it has a serial key: its end may let its key's next job be claimed
+    fair_key: str | None = None  # its fair key, from the fair claim only (store/fair.py)
+    fair_pos: int = 0  # its key's place in the fair claim's walk; 0: not a fair queue's
 
 
 def new_token():
@@ -34,11 +37,24 @@ def new_token():
 
 
 def claim(
-    using, *, worker_id, queues, limits, limit, token, async_commit=False, flow=None, threads=None
+    using,
+    *,
+    worker_id,
+    queues,
+    limits,
+    limit,
+    token,
+    async_commit=False,
+    flow=None,
+    threads=None,
+    fair=None,
+    cursors=None,
 ):
     """Claim up to ``limit`` due jobs from ``queues`` (``limits``: the cap of each queue) under
     lease ``token`` (see :func:`new_token`), at most ``threads`` of them with a serial key.
-    ``flow``: the fleet-wide limits (``flow.claim_params``), or ``None`` for the plain claim."""
+    ``flow``: the fleet-wide limits (``flow.claim_params``), or ``None`` for the plain claim.
+    ``fair``: per queue whether it is fair (``None``: none is), ``cursors`` the last fair key
+    served per fair queue (store/fair.py)."""
     statement = claim_statement(
         worker_id=worker_id,
         queues=queues,
@@ -48,6 +64,8 @@ def claim(
         async_commit=async_commit,
         flow=flow,
         threads=threads,
+        fair=fair,
+        cursors=cursors,
     )
     return claimed_rows(_execute(using, *statement))
 
@@ -192,12 +210,25 @@ FROM commit_mode,
 
 
 def claim_statement(
-    *, worker_id, queues, limits, limit, token, async_commit=False, flow=None, threads=None
+    *,
+    worker_id,
+    queues,
+    limits,
+    limit,
+    token,
+    async_commit=False,
+    flow=None,
+    threads=None,
+    fair=None,
+    cursors=None,
 ):
     """:func:`claim`'s statement and parameters, for a Session's ``execute_pipelined``.
 
     ``threads``: the handler threads free now, the most jobs with a serial key the claim takes
     (a keyed job is never prefetched: it would hold its key while it waits); None: ``limit``.
+    ``fair``: per queue whether it is fair, or None; a worker with a fair queue and no
+    fleet-wide limit runs the fair claim (store/fair.py); under a limit, the limited claim,
+    which knows no fairness (docs/fairness.md says so, and a check warns).
     """
     params = {
         "worker": worker_id,
@@ -209,6 +240,11 @@ def claim_statement(
         "commit": _commit(async_commit),
     }
     if flow is None:
+        if fair is not None:
+            return fair_claim.CLAIM_FAIR, {
+                **params,
+                **fair_claim.fair_params(queues, fair, cursors or {}),
+            }
         return CLAIM_JOBS, params
     return CLAIM_LIMITED, {**params, **flow}
 

@@ -97,8 +97,9 @@ def _insert_job(scheduled, conflict, trace, serial=False):
         created=created,
         unique_columns=", unique_key, unique_while" if unique else "",
         unique_values=", %(unique_key)s, %(unique_while)s" if unique else "",
-        serial_column=", serial_key" if serial else "",
-        serial_value=", %(serial_key)s" if serial else "",
+        # A job with a serial or a fair key (docs/fairness.md) writes both columns.
+        serial_column=", serial_key, fair_key" if serial else "",
+        serial_value=", %(serial_key)s, %(fair_key)s" if serial else "",
         **trace,
     )
 
@@ -131,7 +132,7 @@ def insert_job(using, **values):
     exists. ``wake``: ``None`` when the job is not due yet by the database's clock (scheduled
     for later), else whether a worker waits for a wake-up on its queue (waiters.py)."""
     scheduled = values["run_after"] is not None or values["delay"]
-    if values.get("serial_key") is not None:
+    if values.get("serial_key") is not None or values.get("fair_key") is not None:
         keyed = "key" if values["key"] is not None else None
         variant = (bool(scheduled), keyed, values.get("traceparent") is not None, True)
         return _first(_execute(using, INSERT_JOB_VARIANTS[variant], values))
@@ -168,7 +169,7 @@ def insert_unique_job(using, *, debounce=False, **values):
         scheduled,
         "debounce" if debounce else "unique",
         values.get("traceparent") is not None,
-        values.get("serial_key") is not None,
+        values.get("serial_key") is not None or values.get("fair_key") is not None,
     )
     rows = _execute(using, INSERT_JOB_VARIANTS[variant], values)
     if not rows:
@@ -199,17 +200,17 @@ _INSERT_JOBS = """
 WITH inserted AS (
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
-    lease_seconds, idempotency_key, errors, created_at, serial_key{trace_column}
+    lease_seconds, idempotency_key, errors, created_at, serial_key, fair_key{trace_column}
 )
 SELECT u.type, u.queue, u.payload::jsonb, 'pending', u.priority,
        COALESCE(u.run_after, now() + u.delay * interval '1 second'),
-       0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now(), u.serial_key{trace_value}
+       0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now(), u.serial_key, u.fair_key{trace_value}
 FROM unnest(
     %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
     %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
-    %(leases)s::float8[], %(keys)s::text[], %(serial_keys)s::text[]
+    %(leases)s::float8[], %(keys)s::text[], %(serial_keys)s::text[], %(fair_keys)s::text[]
 ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts, lease,
-                       key, serial_key, ord)
+                       key, serial_key, fair_key, ord)
 ORDER BY u.ord
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, idempotency_key, queue, run_after <= now() AS due
@@ -259,6 +260,7 @@ def _array_literals(columns):
         "leases": _float_array(columns["leases"]),
         "keys": text_array(columns["keys"]),
         "serial_keys": text_array(columns["serial_keys"]),
+        "fair_keys": text_array(columns.get("fair_keys") or [None] * len(columns["types"])),
     }
 
 

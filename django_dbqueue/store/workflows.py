@@ -55,7 +55,7 @@ inserted AS (
     INSERT INTO dbqueue_job (
         id, type, queue, payload, state, priority, run_after, attempts, max_attempts,
         lease_seconds, idempotency_key, errors, created_at, traceparent, waiting_on,
-        dependents, serial_key
+        dependents, serial_key, fair_key
     )
     SELECT i.id, u.type, u.queue, u.payload::jsonb,
            CASE WHEN COALESCE(c.waiting_on, 0) > 0 THEN 'waiting' ELSE 'pending' END,
@@ -64,13 +64,13 @@ inserted AS (
            COALESCE(c.waiting_on, 0),
            (SELECT array_agg(w.id ORDER BY w.id)
             FROM edges AS d JOIN ids AS w ON w.ord = d.job_ord WHERE d.dep_ord = u.ord),
-           u.serial_key
+           u.serial_key, u.fair_key
     FROM unnest(
         %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
         %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
-        %(leases)s::float8[], %(serial_keys)s::text[]
+        %(leases)s::float8[], %(serial_keys)s::text[], %(fair_keys)s::text[]
     ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts,
-                           lease, serial_key, ord)
+                           lease, serial_key, fair_key, ord)
     JOIN ids AS i ON i.ord = u.ord
     LEFT JOIN counts AS c ON c.job_ord = u.ord
     RETURNING id, queue, state

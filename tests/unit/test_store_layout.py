@@ -36,7 +36,7 @@ def test_each_statement_has_one_home():
     assert {name: where for name, where in homes.items() if len(where) > 1} == {}
 
 
-def test_only_the_claim_and_the_completion_are_planned_once():
+def test_only_the_claims_and_the_completion_are_planned_once():
     planned = set()
     for info in pkgutil.iter_modules(store.__path__):
         module = importlib.import_module(f"{store.__name__}.{info.name}")
@@ -45,7 +45,7 @@ def test_only_the_claim_and_the_completion_are_planned_once():
             for name, value in vars(module).items()
             if isinstance(value, PlannedOnce)
         }
-    assert planned == {"claiming.CLAIM_JOBS", "completion.COMPLETE_JOBS"}
+    assert planned == {"claiming.CLAIM_JOBS", "completion.COMPLETE_JOBS", "fair.CLAIM_FAIR"}
     # Derived text (an EXPLAIN prefix, a replace()) is planned for its own values.
     assert type("EXPLAIN " + store.claiming.CLAIM_JOBS) is str
 

@@ -1,0 +1,187 @@
+"""The fair claim (docs/fairness.md): the claim of a worker that serves a fair queue, taking its
+jobs round-robin by their ``fair_key`` so that one key's backlog does not delay another key's
+job. A worker without a fair queue never runs it: its claim is ``CLAIM_JOBS``, as before."""
+
+from ..connections import PlannedOnce
+from ._db import text_array
+
+# The serial-key rule of CLAIM_JOBS (store/claiming.py explains it), the same in both claims.
+_SERIAL_TURN = (
+    "(j.serial_key IS NULL OR (%(threads)s > 0 AND dbqueue_serial_turn(j.serial_key, j.id)))"
+)
+
+# The fair claim: one statement for up to %(limit)s jobs across the worker's queues, fair and
+# plain, with CLAIM_JOBS's commit mode, pause test, serial keys, lease, token and JSON reply.
+# - The plain queues of the worker (%(fair)s false) are scanned exactly as CLAIM_JOBS scans them.
+# - A fair queue's keys are walked round-robin from %(cursors)s, the last key the worker served
+#   in it (the worker keeps it, per queue, from the replies: no row is written for it): the
+#   keys after it in ascending order, then the jobs without a key (NULL, one more key), then from
+#   the first key up to the cursor itself, at most the queue's limit of keys. Each step is one
+#   probe of dbqueue_job_fair_idx for the next key with a due pending job (a skip scan), so a
+#   claim reads about as many keys as it has slots, however many keys the queue has. (A UNION
+#   ALL under LIMIT 1 runs its branches in turn and stops at the first row: each branch is one
+#   index range, never a filter that would read on past the cursor.)
+# - Each key visited gives its first ceil(limit / keys visited) due jobs in claim order
+#   (priority, run_after, id), locked with SKIP LOCKED (a job another worker is claiming is
+#   passed over, as in CLAIM_JOBS); the candidates are ranked within their key, and the batch
+#   takes rank 1 of every key in walk order before rank 2 of any: one claim of 100 from 100
+#   keys is one job of each. Priority orders the jobs within a key; across keys the walk does.
+# - The reply adds to each job its fair key and its place in the walk (0 for a plain queue);
+#   the worker's next cursor in a queue is the key of the last place it was served from.
+# - Scheduled jobs (run_after in the future) are not keys yet: a key probe passes over the
+#   not-due entries of a key, and a queue whose keys hold many jobs scheduled for later pays
+#   for reading past them.
+CLAIM_FAIR = PlannedOnce(f"""
+WITH RECURSIVE commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+),
+claimable AS MATERIALIZED (
+    SELECT u.name, u.lim, u.fair, u.cursor
+    FROM unnest(%(queues)s::text[], %(limits)s::int[], %(fair)s::boolean[],
+                %(cursors)s::text[]) AS u(name, lim, fair, cursor)
+    WHERE u.lim > 0
+      AND NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = u.name AND p.paused)
+),
+plain AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_after, c.keyed, q.name AS queue, q.lim
+    FROM claimable AS q
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
+        FROM dbqueue_job AS j
+        WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+          AND {_SERIAL_TURN}
+        ORDER BY j.priority DESC, j.run_after, j.id
+        LIMIT q.lim
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE NOT q.fair
+),
+walk (queue, lim, cursor, pos, key, phase) AS (
+    SELECT q.name, q.lim, q.cursor, 0, q.cursor, 0
+    FROM claimable AS q
+    WHERE q.fair
+  UNION ALL
+    SELECT w.queue, w.lim, w.cursor, w.pos + 1, n.key, n.phase
+    FROM walk AS w
+    CROSS JOIN LATERAL (
+        (SELECT j.fair_key AS key, 0 AS phase
+         FROM dbqueue_job AS j
+         WHERE w.phase = 0 AND j.state = 'pending' AND j.queue = w.queue
+           AND j.fair_key > w.key AND j.run_after <= now()
+         ORDER BY j.fair_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT NULL, 1
+         WHERE w.phase = 0 AND EXISTS (
+             SELECT 1 FROM dbqueue_job AS j
+             WHERE j.state = 'pending' AND j.queue = w.queue AND j.fair_key IS NULL
+               AND j.run_after <= now()))
+        UNION ALL
+        (SELECT j.fair_key, 1
+         FROM dbqueue_job AS j
+         WHERE w.phase = 1 AND j.state = 'pending' AND j.queue = w.queue
+           AND j.fair_key > COALESCE(w.key, '') AND j.fair_key <= w.cursor
+           AND j.run_after <= now()
+         ORDER BY j.fair_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT j.fair_key, 1
+         FROM dbqueue_job AS j
+         WHERE w.phase = 0 AND j.state = 'pending' AND j.queue = w.queue
+           AND j.fair_key <= w.cursor AND j.run_after <= now()
+         ORDER BY j.fair_key
+         LIMIT 1)
+        LIMIT 1
+    ) AS n
+    WHERE w.pos < w.lim
+),
+fair_keys AS MATERIALIZED (
+    SELECT w.queue, w.lim, w.pos, w.key,
+           ((w.lim + count(*) OVER (PARTITION BY w.queue) - 1)
+            / count(*) OVER (PARTITION BY w.queue))::int AS share
+    FROM walk AS w
+    WHERE w.pos > 0
+),
+fair AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_after, c.keyed, k.queue, k.lim, k.pos
+    FROM fair_keys AS k
+    CROSS JOIN LATERAL (
+        SELECT * FROM (
+            SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
+            FROM dbqueue_job AS j
+            WHERE k.key IS NOT NULL AND j.state = 'pending' AND j.queue = k.queue
+              AND j.fair_key = k.key AND j.run_after <= now() AND {_SERIAL_TURN}
+            ORDER BY j.priority DESC, j.run_after, j.id
+            LIMIT k.share
+            FOR UPDATE SKIP LOCKED
+        ) AS keyed_jobs
+        UNION ALL
+        SELECT * FROM (
+            SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
+            FROM dbqueue_job AS j
+            WHERE k.key IS NULL AND j.state = 'pending' AND j.queue = k.queue
+              AND j.fair_key IS NULL AND j.run_after <= now() AND {_SERIAL_TURN}
+            ORDER BY j.priority DESC, j.run_after, j.id
+            LIMIT k.share
+            FOR UPDATE SKIP LOCKED
+        ) AS keyless_jobs
+    ) AS c
+),
+ranked AS MATERIALIZED (
+    SELECT x.*,
+           row_number() OVER (PARTITION BY x.queue, x.pos
+                              ORDER BY x.priority DESC, x.run_after, x.id) AS rank
+    FROM (SELECT id, priority, run_after, keyed, queue, lim, pos FROM fair
+          UNION ALL
+          SELECT id, priority, run_after, keyed, queue, lim, 0 FROM plain) AS x
+),
+candidates AS MATERIALIZED (
+    SELECT r.id, r.keyed, r.rank, r.pos, r.priority, r.run_after
+    FROM (SELECT r.*, row_number() OVER (PARTITION BY r.queue
+                                         ORDER BY r.rank, r.pos, r.priority DESC,
+                                                  r.run_after, r.id) AS in_queue
+          FROM ranked AS r) AS r
+    WHERE r.in_queue <= r.lim
+    ORDER BY r.rank, r.pos, r.priority DESC, r.run_after, r.id
+    LIMIT %(limit)s
+),
+chosen AS MATERIALIZED (
+    SELECT c.id, c.rank, c.pos FROM candidates AS c WHERE NOT c.keyed
+    UNION ALL
+    (SELECT c.id, c.rank, c.pos FROM candidates AS c WHERE c.keyed
+     ORDER BY c.rank, c.pos, c.priority DESC, c.run_after, c.id
+     LIMIT %(threads)s)
+),
+claimed AS (
+    UPDATE dbqueue_job AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        worker_id = %(worker)s,
+        lease_token = %(token)s,
+        started_at = now(),
+        leased_until = now() + j.lease_seconds * interval '1 second'
+    FROM commit_mode
+    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
+              j.idempotency_key, j.priority, j.created_at,
+              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
+              j.serial_key IS NOT NULL AS keyed, j.fair_key
+)
+SELECT json_agg(json_build_array(c.id, c.type, c.queue, c.payload, c.attempts, c.max_attempts,
+                                 c.lease_seconds, c.idempotency_key, c.priority, c.created_at,
+                                 c.wait, c.traceparent, c.keyed, c.fair_key, h.pos)
+                ORDER BY h.rank, h.pos, c.priority DESC, c.run_after, c.id)::text
+FROM claimed AS c JOIN chosen AS h ON h.id = c.id
+""")
+
+
+def fair_params(queues, fair, cursors):
+    """The fair claim's extra parameters: per queue of the worker whether it is fair, and the
+    last key served in it ('' before the first key: a fair key is never empty)."""
+    return {
+        "fair": "{" + ",".join("t" if f else "f" for f in fair) + "}",
+        "cursors": text_array(
+            [cursors.get(name, "") if f else "" for name, f in zip(queues, fair, strict=True)]
+        ),
+    }
