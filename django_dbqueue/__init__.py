@@ -4,6 +4,7 @@ The public API is what ``__all__`` lists; everything else may change between rel
 """
 
 from .backoff import Backoff
+from .batches import Batch
 from .cancellation import cancel
 from .context import JobContext
 from .deliveries import Delivery, DeliveryFailed, begin_delivery, deliver, settle_delivery
@@ -38,6 +39,7 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "Backoff",
+    "Batch",
     "DBQueueError",
     "Delivery",
     "DeliveryFailed",

@@ -13,7 +13,7 @@ import time
 from . import registry, store
 from .connections import DB_ERRORS, OTHER_DB_ERRORS
 from .context import JobContext
-from .inflight import Entry
+from .inflight import BatchRun, Entry
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -99,8 +99,11 @@ def claim(w, done=None):
         # A keyed job was claimed for a free thread: it goes first (a stable sort keeps the
         # claim's order otherwise), not behind the prefetched ones.
         entries.sort(key=lambda entry: not entry.keyed)
+    units = entries
+    if (sizes := registry.batch_sizes()) and rows and getattr(w.pool, "runs_batches", False):
+        entries, units = _batches(w, entries, sizes, token=token, sent=sent, threads=threads)
     w.inflight.add(entries)
-    w.pool.submit(entries)
+    w.pool.submit(units)
     if rows and logger.isEnabledFor(logging.DEBUG):
         logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
     return len(rows), asked
@@ -133,6 +136,73 @@ def _entry(w, row, token, sent):
         or row.queue in w._limited_queues
         or (job_type is not None and job_type.global_concurrency is not None),
     )
+
+
+def _batches(w, entries, sizes, *, token, sent, threads):
+    """Group the claimed jobs of batch types (docs/batches.md) into BatchRuns of up to their
+    type's batch_size, each run one unit of work (one thread, one slot). While threads are free,
+    a run that is not full is topped up with more due jobs of its type from its queue (the
+    top-up claim, store/batches.py), so that a batch fills; never under fleet-wide limits (each
+    job a limit counts goes through its claim), nor past a queue's own ``concurrency``, which
+    counts a batch's jobs one by one. Returns ``(entries, units)``: every job claimed, and what
+    the pool runs, in claim order (a batch where its first job was)."""
+    groups = {}
+    for entry in entries:
+        if entry.ctx.type in sizes:
+            groups.setdefault(entry.ctx.type, []).append(entry)
+    if not groups:
+        return entries, entries
+    running = w.inflight.by_queue()
+    for entry in entries:
+        running[entry.ctx.queue] = running.get(entry.ctx.queue, 0) + 1
+    free_threads = threads
+    for job_type, group in groups.items():
+        size = sizes[job_type]
+        chunks = [group[i : i + size] for i in range(0, len(group), size)]
+        last = chunks[-1]
+        if len(last) < size and free_threads >= len(chunks) and w.flow is None:
+            more = _top_up(w, job_type, last[0].ctx.queue, size - len(last), running, token, sent)
+            last.extend(more)
+            entries = entries + more
+        free_threads -= len(chunks)
+        for chunk in chunks:
+            run = BatchRun(chunk)
+            for entry in chunk:
+                entry.batch = run
+    units, seen = [], set()
+    for entry in entries:
+        if entry.batch is None:
+            units.append(entry)
+        elif entry.batch not in seen:
+            seen.add(entry.batch)
+            units.append(entry.batch)
+    return entries, units
+
+
+def _top_up(w, job_type, queue, limit, running, token, sent):
+    """Up to ``limit`` more due jobs of ``job_type`` from ``queue``, as entries."""
+    cap = (w.conf.QUEUES.get(queue) or {}).get("concurrency")
+    if cap is not None:
+        limit = min(limit, cap - running.get(queue, 0))
+    if w.max_jobs is not None:
+        limit = min(limit, w.max_jobs - w.claimed_total)
+    if limit <= 0 or w._stop_requested():
+        return []
+    rows = store.claimed_rows(
+        w.session.execute(
+            *store.claim_more_statement(
+                worker_id=w.worker_id,
+                queue=queue,
+                job_type=job_type,
+                limit=limit,
+                token=token,
+                async_commit=w.async_commit,
+            )
+        )
+    )
+    w.claimed_total += len(rows)
+    running[queue] = running.get(queue, 0) + len(rows)
+    return [_entry(w, row, token, sent) for row in rows]
 
 
 def timeout_of(job_type):

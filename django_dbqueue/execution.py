@@ -31,8 +31,10 @@ from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connections, transaction
 
 from . import registry, store, tracing
+from .batches import Batch
 from .connections import close_side_connections, discard_connection
 from .exceptions import DiscardJob, JobCancelled, RetryJob, Snooze
+from .inflight import BatchRun
 from .outcomes import ResultError, clamp_delay, encode_result, error_record
 from .steps import Suspend
 
@@ -117,6 +119,10 @@ def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: Fals
     def failure(exc, **kwargs):
         return Outcome(error=error_record(exc, attempt=ctx.attempt, worker_id=worker_id), **kwargs)
 
+    if job_type is not None and job_type.batch_size:
+        # A batch type's job run on its own (process mode, or a pool that does not batch): a
+        # batch of one.
+        return run_batch(job_type, [ctx], conf=conf, worker_id=worker_id)[0]
     if job_type is None:
         exc = LookupError(
             f"no handler is registered for job type {ctx.type!r} on worker {worker_id} "
@@ -145,27 +151,55 @@ def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: Fals
         return Outcome("success", result=encode_result(result))
     except _FencedOut:
         return Outcome("fenced")
-    except Snooze as exc:
+    except BaseException as exc:
+        return exception_outcome(exc, ctx, job_type, conf=conf, worker_id=worker_id)
+
+
+def exception_outcome(exc, ctx, job_type, *, conf, worker_id):
+    """The outcome of ``ctx``'s run that raised ``exc`` (or a batch handler's mark of it)."""
+
+    def failure(exc, **kwargs):
+        return Outcome(error=error_record(exc, attempt=ctx.attempt, worker_id=worker_id), **kwargs)
+
+    if isinstance(exc, Snooze):
         return Outcome("snooze", delay=exc.seconds)
-    except Suspend as exc:
+    if isinstance(exc, Suspend):
         # As text: a process-mode child sends its outcome as JSON.
         return Outcome("wait", until=exc.until.isoformat(), reason=exc.reason, seen=exc.seen)
-    except JobCancelled:
+    if isinstance(exc, JobCancelled):
         # Not a failure: the job ends cancelled (an atomic run's writes rolled back above).
         return Outcome("cancelled")
-    except ResultError as exc:
+    if isinstance(exc, ResultError):
         # Deterministic, and found after the handler's effects: running it again would repeat
         # them and fail the same way. Dead at once, with the reason.
         return failure(exc, kind="dead")
-    except RetryJob as exc:
+    if isinstance(exc, RetryJob):
         return failure(exc, kind="retry", delay=clamp_delay(exc.delay))
-    except DiscardJob as exc:
+    if isinstance(exc, DiscardJob):
         return failure(exc, kind="dead")
+    # Exception, but also SystemExit from a handler's sys.exit(), an async handler's
+    # CancelledError or a KeyboardInterrupt raised into this thread: the job failed, the
+    # thread lives on.
+    return failure(exc, kind="retry", delay=retry_delay(job_type, ctx.attempt, conf))
+
+
+def run_batch(job_type, ctxs, *, conf, worker_id):
+    """One call of a batch handler over ``ctxs`` (docs/batches.md); returns one Outcome per
+    job, in order. Never raises. A handler that raises fails every job with that exception."""
+    batch = Batch(ctxs)
+    try:
+        with tracing.job_span(ctxs[0]):  # a no-op without OpenTelemetry
+            job_type.func(batch)
     except BaseException as exc:
-        # Exception, but also SystemExit from a handler's sys.exit(), an async handler's
-        # CancelledError or a KeyboardInterrupt raised into this thread: the job failed, the
-        # thread lives on.
-        return failure(exc, kind="retry", delay=retry_delay(job_type, ctx.attempt, conf))
+        if isinstance(exc, Suspend):  # ctx.sleep() and the waits end one job's run, not N
+            exc = RuntimeError("durable sleeps and waits are not available in batch handlers")
+        return [exception_outcome(exc, c, job_type, conf=conf, worker_id=worker_id) for c in ctxs]
+    return [
+        Outcome("success", result=value)
+        if kind == "ok"
+        else exception_outcome(value, ctx, job_type, conf=conf, worker_id=worker_id)
+        for ctx, kind, value in batch.outcomes()
+    ]
 
 
 def _has_input(connection):
@@ -228,6 +262,7 @@ class ThreadPool:
 
     # A run past its timeout goes on in its thread (ProcessPool kills its child instead).
     kills_at_timeout = False
+    runs_batches = True  # a batch type's jobs of one claim run in one call (submit BatchRuns)
 
     def __init__(self, worker, size, *, hung_limit):
         self.worker = worker
@@ -261,6 +296,12 @@ class ThreadPool:
     def abandon(self, entry):
         """The watchdog gave up ``entry``'s run: replace its thread. Past ``hung_limit`` threads
         stuck at once, the worker gives up instead."""
+        if (batch := getattr(entry, "batch", None)) is not None:
+            # A batch's jobs time out together: its one thread is replaced once.
+            if batch.abandoned:
+                return
+            batch.abandoned = True
+            entry = batch
         with self._hung_lock:
             if entry in self._left:
                 # Its thread returned in the meantime (and left, as one given up does).
@@ -322,6 +363,42 @@ class ThreadPool:
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
 
+    def _run_batch(self, run, hygiene):
+        """Run a batch type's claimed jobs in one call; settle each job on its own."""
+        worker = self.worker
+        entries = []
+        for entry in run.entries:
+            if worker.inflight.start(entry):
+                entries.append(entry)
+            else:  # lost, handed back, or cancelled before it started
+                worker.finished(entry)
+        if not entries:
+            return
+        job_type = registry.get(entries[0].ctx.type)
+        try:
+            hygiene.before()
+            for entry in entries:
+                entry.ctx._token = entry.token  # fences each job's step records
+                worker.started(entry)
+            if job_type is None or not job_type.batch_size:  # unregistered since the claim
+                outcomes = [
+                    run_handler(e.ctx, e.token, conf=worker.conf, worker_id=worker.worker_id)
+                    for e in entries
+                ]
+            else:
+                ctxs = [e.ctx for e in entries]
+                outcomes = run_batch(job_type, ctxs, conf=worker.conf, worker_id=worker.worker_id)
+            for entry, outcome in zip(entries, outcomes, strict=True):
+                outcome.duration = time.monotonic() - entry.started
+                worker.settle(entry, outcome)
+        except Exception:  # a bug of ours: log it, keep the thread alive
+            logger.exception("dbqueue: internal error running a batch of job=%s", run.ctx.id)
+        finally:
+            with contextlib.suppress(Exception):
+                hygiene.after()
+            for entry in entries:
+                worker.finished(entry)
+
     def _thread_main(self):
         worker = self.worker
         hygiene = ConnectionHygiene()
@@ -335,6 +412,12 @@ class ThreadPool:
                     entry = self._work.get()
                 if entry is None:
                     return
+                if isinstance(entry, BatchRun):
+                    self._run_batch(entry, hygiene)
+                    if entry.abandoned:
+                        self._returned_late(entry)
+                        return
+                    continue
                 if not worker.inflight.start(entry):
                     # Lost, handed back, or cancelled before it started (the worker wrote that).
                     worker.finished(entry)

@@ -33,6 +33,7 @@ class Entry:
     released: bool = False  # handed back at shutdown
     withdrawn: bool = False  # cancelled before it started: never start it; its end is written
     keyed: bool = False  # it has a serial key
+    batch: object = None  # the BatchRun it runs in (a batch type's job), or None
 
     @property
     def given_up(self):
@@ -52,25 +53,61 @@ class Entry:
         return (self.ctx.id, self.token)
 
 
+@dataclass(eq=False)
+class BatchRun:
+    """The jobs of a batch type that one handler call runs (docs/batches.md): one unit of work
+    for the pool, one slot of the worker. Each job keeps its own Entry (lease, timeout, cancel,
+    outcome); the pool gives up or replaces the run's thread once for all of them."""
+
+    entries: list
+    abandoned: bool = False  # the watchdog gave up its runs: its thread was replaced (once)
+
+    @property
+    def ctx(self):  # what the pool's log lines name: the batch's first job
+        return self.entries[0].ctx
+
+    @property
+    def started(self):
+        return min((e.started for e in self.entries if e.started is not None), default=None)
+
+
 class Inflight:
     def __init__(self):
         self._lock = threading.Lock()
         self._entries: dict[tuple[int, int], Entry] = {}
+        # Per batch held, its entries that still take its slot: a batch takes one slot, as
+        # long as one of its jobs does (empty for a worker without batch types).
+        self._batches: dict[BatchRun, int] = {}
 
     def add(self, entries):
         with self._lock:
             for entry in entries:
                 self._entries[entry.key] = entry
+                if entry.batch is not None:
+                    self._batches[entry.batch] = self._batches.get(entry.batch, 0) + 1
+
+    def _unbatch(self, entry):
+        left = self._batches.get(entry.batch, 0) - 1
+        if left > 0:
+            self._batches[entry.batch] = left
+        else:
+            self._batches.pop(entry.batch, None)
 
     def remove(self, entry):
         """Forget ``entry``; returns how many entries still occupy a slot."""
         with self._lock:
-            self._entries.pop(entry.key, None)
+            popped = self._entries.pop(entry.key, None)
+            if popped is not None and entry.batch is not None and not entry.timed_out:
+                self._unbatch(entry)
             return self._occupied()
 
     def _occupied(self):
         # A run the watchdog gave up on keeps its (hung) thread, but the pool replaced that
-        # thread, so it no longer takes a slot.
+        # thread, so it no longer takes a slot. A batch takes one slot for all its jobs.
+        if self._batches:
+            return len(self._batches) + sum(
+                1 for e in self._entries.values() if not e.timed_out and e.batch is None
+            )
         return sum(1 for e in self._entries.values() if not e.timed_out)
 
     def occupied(self):
@@ -134,6 +171,8 @@ class Inflight:
                     and now - entry.started > entry.timeout
                 ):
                     entry.timed_out = True
+                    if entry.batch is not None:
+                        self._unbatch(entry)
                     entry.kept_past_timeout = keep(entry)
                     # Written as failed now: a step the run reaches is not run (steps.stored).
                     entry.ctx._lease_gone = not entry.kept_past_timeout

@@ -32,6 +32,8 @@ class JobType:
     is_async: bool = False
     global_concurrency: int | None = None  # jobs of this type running at once, fleet-wide
     rate_limit: dict | None = None  # {"limit", "period", "key"}: starts per period, fleet-wide
+    # Batch handlers (docs/batches.md): up to this many claimed jobs per call, settled per job.
+    batch_size: int | None = None
     # Flow control (docs/concepts/flow-control.md): callables of the payload, called at enqueue.
     unique_key: Any = None
     unique_while: str | None = None
@@ -190,6 +192,7 @@ def job(
     timeout=None,
     priority=0,
     atomic=False,
+    batch_size=None,
     global_concurrency=None,
     rate_limit=None,
     unique_key=None,
@@ -224,6 +227,10 @@ def job(
 
     The handler takes one argument, the :class:`~django_dbqueue.JobContext`. ``async def``
     handlers are supported.
+
+    ``batch_size``: the handler takes a :class:`~django_dbqueue.Batch` of up to this many
+    claimed jobs of the type (1..1000) and settles each one on its own (docs/batches.md); a
+    plain sync function, not ``atomic``.
     """
     rate_limit = _validate_options(
         name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
@@ -238,6 +245,7 @@ def job(
     def decorator(func):
         _check_signature(name, func)
         is_async = inspect.iscoroutinefunction(inspect.unwrap(func))
+        _validate_batch(name, func, batch_size, atomic=atomic, is_async=is_async)
         if atomic and is_async:
             # The ORM calls of an async handler run on asgiref's executor thread, on another
             # connection than the transaction that commits the completion: not atomic at all.
@@ -259,6 +267,7 @@ def job(
                 priority=priority,
                 atomic=atomic,
                 is_async=is_async,
+                batch_size=batch_size,
                 global_concurrency=global_concurrency,
                 rate_limit=rate_limit,
                 unique_key=unique_key,
@@ -273,24 +282,69 @@ def job(
     return decorator
 
 
+MAX_BATCH_SIZE = 1000
+
+
+def _validate_batch(name, func, batch_size, *, atomic, is_async):
+    if batch_size is None:
+        return
+    where = f"@job({name!r})"
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise JobRegistrationError(
+            f"{where}: batch_size must be an int from 1 to {MAX_BATCH_SIZE} (jobs per call), "
+            f"got {validation.shown(batch_size)}"
+        )
+    if not 1 <= batch_size <= MAX_BATCH_SIZE:
+        raise JobRegistrationError(
+            f"{where}: batch_size must be from 1 to {MAX_BATCH_SIZE} (jobs per call), got "
+            f"{batch_size}"
+        )
+    if atomic or is_async:
+        # Atomic: one transaction would commit or roll back every job of the batch together,
+        # against per-job settling. Async: one job's cancel would cancel the whole batch's task.
+        raise JobRegistrationError(
+            f"{where}: batch_size needs a plain (sync) function without atomic=True; "
+            f"{_location(func)} is {'atomic' if atomic else 'async def'}. A batch settles each "
+            "job on its own (docs/batches.md)."
+        )
+
+
+def batch_sizes():
+    """``{type name: batch_size}`` of the registered batch types (empty: none). Read by every
+    claim, so kept up to date by register() and unregister() rather than computed."""
+    return _batch_sizes
+
+
+_batch_sizes: dict[str, int] = {}
+
+
+def _index_batches():
+    global _batch_sizes
+    _batch_sizes = {t.name: t.batch_size for t in _registry.values() if t.batch_size}
+
+
 def register(job_type):
     existing = _registry.get(job_type.name)
     if existing is not None and existing.func is not job_type.func:
         if existing.location == job_type.location:
             # The same function registered again (a module imported twice, e.g. by autoreload).
             _registry[job_type.name] = job_type
+            _index_batches()
             return job_type
         raise JobRegistrationError(
             f"job type {job_type.name!r} is registered twice: by {existing.location} "
             f"and by {job_type.location}. Type names must be unique; rename one of them."
         )
     _registry[job_type.name] = job_type
+    _index_batches()
     return job_type
 
 
 def unregister(name):
     """Remove a type (tests, or a project that replaces a third-party handler)."""
-    return _registry.pop(name, None)
+    removed = _registry.pop(name, None)
+    _index_batches()
+    return removed
 
 
 def get(name):

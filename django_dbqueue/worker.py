@@ -42,6 +42,7 @@ from .shutdown import install_signal_handlers, shut_down
 logger = logging.getLogger("django_dbqueue")
 
 EXIT_GAVE_UP = 3
+UNCAPPED = 2**31 - 1  # a queue without its own concurrency: the claim's limit bounds it
 
 
 def make_worker_id():
@@ -89,10 +90,10 @@ class Worker:
         self.parent_pid = parent_pid  # under a supervisor: stop if it dies
         self.out = out or logger.info
         self.execution = execution or conf.EXECUTION
+        # A queue's own cap counts jobs (a batch's one by one); without one, the free slots
+        # bound the claim (a batch takes one slot, so a cap of the slots would be too few).
         self.queue_caps = [
-            (conf.QUEUES.get(name) or {}).get("concurrency")
-            or self.concurrency + self.timing.prefetch_max
-            for name in self.queues
+            (conf.QUEUES.get(name) or {}).get("concurrency") or UNCAPPED for name in self.queues
         ]
         self.async_commit = conf.ASYNC_COMMIT
         self.stopping = threading.Event()  # no more claims

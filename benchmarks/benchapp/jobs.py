@@ -27,4 +27,4 @@ def sleep(ctx):
     time.sleep(ctx.payload["sleep"])
 
 
-from . import step_jobs, wait_jobs  # noqa: E402, F401 - the types of benchmarks/steps.py, waits.py
+from . import batch_jobs, step_jobs, wait_jobs  # noqa: E402, F401 - the types of benchmarks/steps.py, waits.py

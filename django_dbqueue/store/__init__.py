@@ -13,6 +13,7 @@ This module is the interface the rest of the package uses (``from . import store
 """
 
 from ._db import int_array, text_array
+from .batches import claim_more_statement
 from .claiming import ClaimedRow, claim, claim_statement, claimed_rows, count_due, new_token
 from .completion import (
     complete,
@@ -103,6 +104,7 @@ __all__ = [
     "begin_delivery",
     "cancel",
     "claim",
+    "claim_more_statement",
     "claim_statement",
     "claimed_rows",
     "complete",

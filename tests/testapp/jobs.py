@@ -96,7 +96,7 @@ def slow_record(ctx):
         time.sleep(0.01)
 
 
-from . import cancel_jobs, delivery_jobs, event_jobs, hung_jobs, process_jobs, step_jobs  # noqa: E402, F401 - registers their job types
+from . import batch_jobs, cancel_jobs, delivery_jobs, event_jobs, hung_jobs, process_jobs, step_jobs  # noqa: E402, F401 - registers their job types
 
 
 @job("hang", timeout=1.0, max_attempts=2)

@@ -1,0 +1,69 @@
+"""The batch top-up: more due jobs of one batch type, claimed for a batch the plain claim began
+(docs/batches.md). Only a worker whose claim returned a job of a batch type runs it; the plain
+claim (store/claiming.py) is not changed by batch handlers."""
+
+from ._db import _commit
+
+# More jobs of one batch type from one queue, under the claim's lease token, so that a batch
+# handler gets up to its batch_size per call rather than what one claim's free slots held.
+# - The same scan as CLAIM_JOBS's per queue (dbqueue_job_claim_idx, in claim order, pending only),
+#   filtered on the type: in a queue of its own (what docs/batches.md advises) every row it
+#   reads is one it takes; in a shared queue it reads past the other types' due rows.
+# - FOR UPDATE SKIP LOCKED, MATERIALIZED and ``id = ANY(ARRAY(...))`` as in CLAIM_JOBS, for the
+#   same reasons (never wait on another worker's claim; a primary-key probe per id).
+# - A paused queue gives nothing (the queue's row, once, not per job).
+# - Jobs with a serial key are left to the plain claim, which takes them for free threads only
+#   (a keyed job holds its key from its claim on).
+# - Not used under fleet-wide limits: every job a limit counts is claimed through
+#   dbqueue_claim_within_limits(), which the worker then calls as usual.
+# - The rows come back as CLAIM_JOBS's do (one JSON array), read by claimed_rows().
+CLAIM_MORE_OF_TYPE = """
+WITH commit_mode AS MATERIALIZED (
+    SELECT set_config('synchronous_commit',
+                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+),
+chosen AS MATERIALIZED (
+    SELECT j.id
+    FROM dbqueue_job AS j
+    WHERE j.state = 'pending' AND j.queue = %(queue)s AND j.run_after <= now()
+      AND j.type = %(type)s AND j.serial_key IS NULL
+      AND NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = %(queue)s AND p.paused)
+    ORDER BY j.priority DESC, j.run_after, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+),
+claimed AS (
+    UPDATE dbqueue_job AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        worker_id = %(worker)s,
+        lease_token = %(token)s,
+        started_at = now(),
+        leased_until = now() + j.lease_seconds * interval '1 second'
+    FROM commit_mode
+    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
+              j.idempotency_key, j.priority, j.created_at,
+              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
+              j.serial_key IS NOT NULL AS keyed
+)
+SELECT json_agg(json_build_array(id, type, queue, payload, attempts, max_attempts,
+                                 lease_seconds, idempotency_key, priority, created_at, wait,
+                                 traceparent, keyed)
+                ORDER BY priority DESC, run_after, id)::text
+FROM claimed
+"""
+
+
+def claim_more_statement(*, worker_id, queue, job_type, limit, token, async_commit=False):
+    """The top-up's statement and parameters: up to ``limit`` more due jobs of ``job_type``
+    from ``queue`` under lease ``token``; read its rows with ``claimed_rows``."""
+    params = {
+        "worker": worker_id,
+        "queue": queue,
+        "type": job_type,
+        "limit": limit,
+        "token": token,
+        "commit": _commit(async_commit),
+    }
+    return CLAIM_MORE_OF_TYPE, params
