@@ -98,7 +98,10 @@ def publish(event, payload=None, *, idempotency_key=None, using=None):
     **Idempotency.** With ``idempotency_key``, at most one event of this name holds the key: a
     publish that repeats it creates nothing and returns the existing event (``created=False``)
     and its jobs. Two transactions racing on a key: the second waits for the first to commit
-    and then gets the first one's event; if the first rolls back, the second creates it.
+    and then gets the first one's event; if the first rolls back, the second creates it. The
+    existing event is locked (FOR KEY SHARE) until your transaction ends, so the sweeper's
+    prune leaves it meanwhile; one that the prune deleted first (its jobs were pruned and it
+    is older than ``DONE_RETENTION``) frees its key, and this publish creates a new event.
 
     Raises ``EnqueueError`` (a bad name or key, a subscriber with a unique key),
     ``UnknownJobType`` (a subscriber listed in ``SUBSCRIPTIONS`` that no ``@job`` registers),
@@ -121,13 +124,22 @@ def publish(event, payload=None, *, idempotency_key=None, using=None):
         "traceparent": tracing.current_traceparent(),
         **columns,
     }
-    try:
-        rows = store.publish_event(using, **values)
-    except ProgrammingError as exc:
-        schema.raise_if_unmigrated(exc, using)
-        raise
-    if not rows:
-        return _existing(using, event, idempotency_key)
+    for _ in range(_PUBLISH_TRIES):
+        try:
+            rows = store.publish_event(using, **values)
+        except ProgrammingError as exc:
+            schema.raise_if_unmigrated(exc, using)
+            raise
+        if rows:
+            break
+        existing = _existing(using, event, idempotency_key)
+        if existing is not None:
+            return existing
+    else:
+        raise EnqueueError(
+            f"event {event!r} with idempotency_key {validation.shown(idempotency_key)} was "
+            f"pruned while this publish read it, {_PUBLISH_TRIES} times; publish again"
+        )
     wakeup.jobs_ready(
         using, (row[3] for row in rows if row[1] is not None and waiters.wanted(row[4]))
     )
@@ -137,13 +149,17 @@ def publish(event, payload=None, *, idempotency_key=None, using=None):
     return PublishedEvent(rows[0][0], True, event, jobs)
 
 
+# A repeated key's event that the prune deleted between the INSERT that found it and the read
+# that locks it is gone: the key is free, and the INSERT is tried again (docs/events.md).
+_PUBLISH_TRIES = 3
+
+
 def _existing(using, event, key):
+    """The event holding ``key``, locked until the caller's commit (store.event_by_key), or
+    None when the prune deleted it meanwhile."""
     rows = store.event_by_key(using, event, key)
-    if not rows:  # the holder was pruned between the two statements: vanishingly rare
-        raise EnqueueError(
-            f"event {event!r} with idempotency_key {validation.shown(key)} was deleted while "
-            "this publish read it; publish again"
-        )
+    if not rows:
+        return None
     jobs = tuple(EnqueuedJob(job_id, False, t, q) for _, job_id, t, q in rows if job_id is not None)
     return PublishedEvent(rows[0][0], False, event, jobs)
 

@@ -5,7 +5,7 @@ array literals of the hot statements, and the commit mode of a worker's writes."
 
 import contextlib
 
-from django.db import connections
+from django.db import connections, transaction
 
 
 def int_array(values):
@@ -68,6 +68,15 @@ def _transaction_cursor(connection):
         kept = connection.cursor()
         connection._dbqueue_cursor = kept
     return kept
+
+
+def atomic(db):
+    """A transaction around several statements on ``db``: Django's ``atomic()`` on an alias
+    (a savepoint inside the caller's transaction), psycopg's on a worker's Session (whose
+    connection is in autocommit otherwise)."""
+    if isinstance(db, str):
+        return transaction.atomic(using=db)
+    return db.connection().transaction()
 
 
 def _execute_no_rows(using, statement, params):

@@ -2,7 +2,7 @@
 the replay of an event to more subscribers, an event's jobs, and the prune of events that no
 job refers to any more."""
 
-from ._db import _execute, int_array, text_array
+from ._db import _execute, atomic, int_array, text_array
 from .wakeups import WAKEUPS_WANTED
 
 # A subscriber's job is keyed by its event and its type, so that one event never makes two jobs
@@ -69,18 +69,23 @@ def _params(values):
     }
 
 
-# An event already published under (name, key), with the jobs that refer to it now.
+# An event already published under (name, key), with the jobs that refer to it now. Its row is
+# locked FOR KEY SHARE until the caller's commit, so the prune (SKIP LOCKED) leaves the event
+# that publish() returns, and a replay_event() of it in the same transaction finds it. An event
+# that the prune holds is waited for; if the prune deletes it, no row is returned.
 SELECT_EVENT_BY_KEY = """
 SELECT e.id, j.id, j.type, j.queue
 FROM dbqueue_event AS e LEFT JOIN dbqueue_job AS j ON j.event_id = e.id
 WHERE e.name = %(name)s AND e.idempotency_key = %(key)s
 ORDER BY j.id
+FOR KEY SHARE OF e
 """
 
 
 def event_by_key(using, name, key):
     """``[(event_id, job_id, type, queue), ...]`` of the event ``name`` holding ``key`` (one row
-    with ``job_id`` None when no job refers to it), or ``[]``."""
+    with ``job_id`` None when no job refers to it), locked until the transaction ends, or
+    ``[]``."""
     return _execute(using, SELECT_EVENT_BY_KEY, {"name": name, "key": key})
 
 
@@ -139,24 +144,49 @@ def event_jobs(using, event_id):
     return _execute(using, SELECT_EVENT_JOBS, {"event": event_id})
 
 
-# The prune: events older than the retention that no job refers to any more (their jobs were
-# pruned, or they had no subscriber). SKIP LOCKED leaves an event that a replay holds; a job
-# inserted by a transaction not committed yet holds the event's row too (a replay locks it; a
-# publish's own event is not visible to this statement before it commits).
-PRUNE_EVENTS = """
-DELETE FROM dbqueue_event WHERE id IN (
-    SELECT e.id FROM dbqueue_event AS e
-    WHERE e.published_at < now() - %(age)s * interval '1 second'
-      AND NOT EXISTS (SELECT 1 FROM dbqueue_job AS j WHERE j.event_id = e.id)
-    ORDER BY e.published_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING id
+# The prune, in two statements of one transaction. The first locks events older than the
+# retention that no job refers to (SKIP LOCKED: an event that a replay or a repeated publish
+# holds is left for a later pass). The second deletes those of them that no job refers to
+# still, reading the jobs with a snapshot taken after the locks were granted. One statement
+# cannot do it: in READ COMMITTED its NOT EXISTS reads the jobs with the snapshot the statement
+# began with, also when it locks an event after a replay that held it committed a job for it
+# meanwhile (the lock then re-checks the event's row, not the jobs), and would delete the
+# event under that job; there is no foreign key to refuse it. Every writer of an event_id locks
+# its event first, until its commit (a replay FOR UPDATE, publish() inserts it in the same
+# statement), so a job that the second statement cannot see does not exist.
+LOCK_PRUNABLE_EVENTS = """
+SELECT e.id FROM dbqueue_event AS e
+WHERE e.published_at < now() - %(age)s * interval '1 second'
+  AND NOT EXISTS (SELECT 1 FROM dbqueue_job AS j WHERE j.event_id = e.id)
+ORDER BY e.published_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+DELETE_UNREFERENCED_EVENTS = """
+DELETE FROM dbqueue_event AS e
+WHERE e.id = ANY(%(ids)s::bigint[])
+  AND NOT EXISTS (SELECT 1 FROM dbqueue_job AS j WHERE j.event_id = e.id)
+RETURNING e.id
 """
 
 
-def prune_events(using, *, age, limit):
-    """Delete up to ``limit`` events older than ``age`` seconds that no job refers to; returns
-    how many."""
-    return len(_execute(using, PRUNE_EVENTS, {"age": float(age), "limit": limit}))
+def lock_prunable_events(db, *, age, limit):
+    """Lock up to ``limit`` events older than ``age`` seconds that no job refers to (skipping
+    those locked elsewhere); returns their ids. The prune's first statement."""
+    rows = _execute(db, LOCK_PRUNABLE_EVENTS, {"age": float(age), "limit": limit})
+    return [event_id for (event_id,) in rows]
+
+
+def delete_unreferenced_events(db, ids):
+    """Delete the events ``ids`` (locked by :func:`lock_prunable_events` in this transaction)
+    that no job refers to; returns how many. The prune's second statement."""
+    return len(_execute(db, DELETE_UNREFERENCED_EVENTS, {"ids": int_array(ids)}))
+
+
+def prune_events(db, *, age, limit):
+    """Delete up to ``limit`` events older than ``age`` seconds that no job refers to, in one
+    transaction of two statements on ``db`` (an alias or a worker's Session); returns how
+    many."""
+    with atomic(db):
+        ids = lock_prunable_events(db, age=age, limit=limit)
+        return delete_unreferenced_events(db, ids) if ids else 0
