@@ -22,7 +22,8 @@ with the times it saw processes die). It touches no other database. Then, for ``
   ``ctx.sleep``, maybe a snooze, one or two ``ctx.wait_for_signal("go")`` with a timeout), to
   which it sends signals (``signal_job``, each payload a unique number) at drawn later steps:
   some before the job reaches its wait, some while it waits, some after its timeout, some in a
-  transaction kept open a little while the job's run may be writing its wait;
+  transaction kept open a little while the job's run may be writing its wait; and events
+  (``publish``) to two subscribers, most with an idempotency key from a small set that repeats;
 - an operator requeues dead and cancelled jobs (by id, and all dead ones at once), cancels
   pending, waiting and running jobs, pauses queues and resumes them;
 - faults: ``kill -9`` of a worker's process group (started again a little later),
@@ -709,6 +710,7 @@ class Soak:
         ("steps", 5),
         ("waits", 10),
         ("sql", 6),
+        ("publish", 6),
     ]
 
     def payload(self, rng, *, fail_rate=0.25):
@@ -861,6 +863,18 @@ class Soak:
         if running:
             self.holder.tasks.put(([running[int(d[0] * len(running))]], payload, hold))
         return []
+
+    def _produce_publish(self, d, payload, rng):
+        """An event to the soak's subscribers (benchmarks/soak_publish.py), three in four with
+        an idempotency key from a small set, so keys repeat; each call that returned is noted
+        for the checker, with the jobs it returned."""
+        from benchmarks import soak_publish
+        from django_dbqueue import publish
+
+        key = f"k{int(d[1] * soak_publish.KEYS)}" if d[0] < 0.75 else None
+        event = publish(soak_publish.EVENT, payload, idempotency_key=key)
+        self.facts.publishes.append((key, event.id, event.created, [j.id for j in event.jobs]))
+        return [j.id for j in event.jobs if j.created]
 
     def _produce_delivery(self, d, payload, rng):
         return self._one("soak-deliver", payload)
@@ -1154,6 +1168,12 @@ class Soak:
             f"ended at the wait {waits.after_suspend}), timed out {waits.waits['timeout']}, ended "
             f"the run {waits.waits['suspend']}, other {_other(waits.waits)}; sleeps "
             f"{dict(sorted(waits.sleeps.items()))}; snoozes {waits.snoozes}"
+        )
+        pub = self.checker.publish_stats
+        print(
+            f"publish: {pub.calls} publishes ({pub.repeats} repeated a key), {pub.events} events, "
+            f"{pub.jobs} subscriber jobs, {pub.done} done; plain runs that returned twice "
+            f"(at-least-once after a fault): {dict(sorted(pub.returned_twice.items()))}"
         )
         if errors:
             print(f"action errors: {errors}")

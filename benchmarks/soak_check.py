@@ -111,6 +111,9 @@ The invariants:
     the job must be due at once (docs/steps.md, "a signal is never lost");
   - after the drain, a ``soak-waits`` job still pending (in a wait) is a ``left`` violation,
     as every other job: each wait has a timeout.
+- publish and subscribe (``publish-jobs``, ``publish-repeat``, ``publish-done-twice``): a
+  published event has exactly one job per subscriber it names, a repeated publish of a key made
+  no new event or job, and no subscriber's job succeeded twice; see benchmarks/soak_publish.py.
 """
 
 from __future__ import annotations
@@ -119,6 +122,8 @@ import collections
 import datetime
 import re
 from dataclasses import dataclass, field
+
+from benchmarks import soak_publish
 
 UTC = datetime.UTC
 LIMITS = {"queue limited": ("queue", "limited", 2), "type soak-typed": ("type", "soak-typed", 2)}
@@ -308,6 +313,7 @@ class Facts:
     faults: list = field(default_factory=list)  # (kind, worker tag, from, until)
     holds: list = field(default_factory=list)  # ("hold", [dependency ids], from, until)
     errors: list = field(default_factory=list)  # operator/producer errors (text)
+    publishes: list = field(default_factory=list)  # (key, event, created, [jobs]): soak_publish
     lease: float = 5.0
     sweep: float = 0.25
 
@@ -655,6 +661,7 @@ class Checker:
         self.step_runs = {}  # run id -> StepRun, from the last pass over the runs
         self.step_stats = StepStats()
         self.wait_stats = WaitStats()
+        self.publish_stats = soak_publish.PublishStats()
         self.unseen_deaths = 0
         self._waiting_seen = {}  # (job, waiting_on, holding, unfinished==0) -> first seen
 
@@ -674,6 +681,7 @@ class Checker:
         self._effects()
         self._steps()
         self._waits()
+        self._publish()
         self._unrecorded()
         self._deadlocks()
         if final:
@@ -906,6 +914,22 @@ class Checker:
         found += unheard_violations(unheard)
         self.wait_stats = stats
         for kind, key, text in found:
+            self._add(kind, key, text)
+
+    def _publish(self):
+        calls = list(self.facts.publishes)  # before the database: each names a committed event
+        events = [
+            soak_publish.PublishEvent(*row)
+            for row in self.conn.execute(soak_publish.EVENTS, [soak_publish.EVENT]).fetchall()
+        ]
+        jobs = [
+            soak_publish.SubscriberJob(*row)
+            for row in self.conn.execute(soak_publish.JOBS, [soak_publish.EVENT]).fetchall()
+        ]
+        self.publish_stats = soak_publish.PublishStats()
+        for kind, key, text in soak_publish.publish_violations(
+            calls, events, jobs, self.publish_stats
+        ):
             self._add(kind, key, text)
 
     def _effects(self):

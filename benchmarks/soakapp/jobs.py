@@ -29,6 +29,7 @@ import psycopg
 from django.db import connection
 
 from benchmarks.soak_check import STEP_KEYS
+from benchmarks.soak_publish import EVENT
 from django_dbqueue import DiscardJob, SignalTimeout, Snooze, deliver, job
 from django_dbqueue.connections import connection_params
 
@@ -274,3 +275,10 @@ job("soak-deliver", queue="default", max_attempts=3)(recorded(guarded_delivery))
 job("soak-atomic", queue="default", max_attempts=3, atomic=True, timeout=10)(
     recorded(guarded_atomic)
 )
+# The subscribers of the producer's published events (benchmarks/soak_publish.py): one atomic,
+# whose effect commits with its job's completion (two successful runs would write it twice),
+# one plain. Each fails as its payload's ``fail`` says, as soak-work does.
+job("soak-sub-ledger", max_attempts=3, atomic=True, timeout=10, subscribes=[EVENT])(
+    recorded(guarded_atomic)
+)
+job("soak-sub-notify", max_attempts=3, subscribes=[EVENT])(recorded(work))
