@@ -98,9 +98,11 @@ class Acknowledger:
             self.succeeded += 1
         self._signal(signals.job_succeeded, entry.ctx, duration=duration)
 
-    def settle(self, entry, outcome):
+    def settle(self, entry, outcome, *, at_timeout=False):
         """Buffer a run's outcome (``execution.Outcome``), or discard it: its attempt was given
-        up (timed out, lost or released) and its end is already written."""
+        up (timed out, lost or released) and its end is already written. ``at_timeout``: the
+        watchdog writes, for a job it gives up now, the mark its batch handler made for it
+        (heartbeat.check_timeouts), in place of the timeout's failure."""
         kind, duration = outcome.kind, outcome.duration
         if kind == "committed":
             self.committed(entry, duration=duration, cancelled_by=outcome.cancelled_by)
@@ -113,7 +115,7 @@ class Acknowledger:
                 entry.ctx.name,
                 entry.ctx.attempt,
             )
-        elif entry.given_up:
+        elif entry.given_up and not at_timeout:
             return  # timed out, lost or released: that attempt's end is already written
         elif kind == "success":
             self.succeed(entry, outcome.result, duration=duration)

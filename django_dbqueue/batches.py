@@ -95,6 +95,12 @@ class Batch:
         ``job.cancelled``). Such a job ends cancelled whatever the handler marks for it."""
         return any(j.cancelled for j in self.jobs if j.id == self._own(job, "cancelled"))
 
+    def mark_of(self, job_id):
+        """The mark of job ``job_id`` so far (``("ok", result json)`` or ``("error",
+        exception)``), or None while it has none. Read by the watchdog at the batch's timeout
+        (another thread): the marks made by then are kept, later ones are discarded."""
+        return self._marks.get(job_id)
+
     def outcomes(self):
         """``[(job, kind, value)]``: ``("ok", result json)`` or ``("error", exception)`` per
         job, in the batch's order (the pool's, once the handler returned)."""

@@ -183,10 +183,14 @@ def exception_outcome(exc, ctx, job_type, *, conf, worker_id):
     return failure(exc, kind="retry", delay=retry_delay(job_type, ctx.attempt, conf))
 
 
-def run_batch(job_type, ctxs, *, conf, worker_id):
+def run_batch(job_type, ctxs, *, conf, worker_id, run=None):
     """One call of a batch handler over ``ctxs`` (docs/batches.md); returns one Outcome per
-    job, in order. Never raises. A handler that raises fails every job with that exception."""
+    job, in order. Never raises. A handler that raises fails every job with that exception.
+    ``run``: the BatchRun, which holds the Batch while the call runs (its marks are read at the
+    batch's timeout: ``marked_outcome``)."""
     batch = Batch(ctxs)
+    if run is not None:
+        run.batch = batch
     try:
         with tracing.job_span(ctxs[0]):  # a no-op without OpenTelemetry
             job_type.func(batch)
@@ -200,6 +204,21 @@ def run_batch(job_type, ctxs, *, conf, worker_id):
         else exception_outcome(value, ctx, job_type, conf=conf, worker_id=worker_id)
         for ctx, kind, value in batch.outcomes()
     ]
+
+
+def marked_outcome(entry, *, conf, worker_id):
+    """The Outcome of the mark its batch handler made for ``entry``'s job so far (the watchdog
+    asks at the batch's timeout), or None: not a batch's job, or not marked yet."""
+    batch = getattr(entry.batch, "batch", None) if entry.batch is not None else None
+    mark = batch.mark_of(entry.ctx.id) if batch is not None else None
+    if mark is None:
+        return None
+    kind, value = mark
+    if kind == "ok":
+        return Outcome("success", result=value)
+    return exception_outcome(
+        value, entry.ctx, registry.get(entry.ctx.type), conf=conf, worker_id=worker_id
+    )
 
 
 def _has_input(connection):
@@ -387,7 +406,9 @@ class ThreadPool:
                 ]
             else:
                 ctxs = [e.ctx for e in entries]
-                outcomes = run_batch(job_type, ctxs, conf=worker.conf, worker_id=worker.worker_id)
+                outcomes = run_batch(
+                    job_type, ctxs, conf=worker.conf, worker_id=worker.worker_id, run=run
+                )
             for entry, outcome in zip(entries, outcomes, strict=True):
                 outcome.duration = time.monotonic() - entry.started
                 worker.settle(entry, outcome)

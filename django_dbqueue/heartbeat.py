@@ -16,6 +16,7 @@ import logging
 import time
 
 from . import registry, store
+from .execution import marked_outcome
 from .outcomes import error_record
 
 logger = logging.getLogger("django_dbqueue")
@@ -67,6 +68,8 @@ class Heartbeat:
         expired = worker.inflight.expire(keep=lambda entry: entry.exclusive or kills)
         for entry in expired:
             ctx = entry.ctx
+            if self._settle_marked(entry):
+                continue
             last = ctx.attempt >= ctx.max_attempts
             exc = TimeoutError(
                 f"job ran longer than its timeout of {entry.timeout:g}s; given up"
@@ -101,3 +104,29 @@ class Heartbeat:
             )
             worker.pool.abandon(entry)
         return len(expired)
+
+    def _settle_marked(self, entry):
+        """A batch's job given up at the batch's timeout whose handler had marked it already
+        (``batch.succeed``, ``fail``, ...): it ends by that mark, not as timed out; only the
+        unmarked jobs of the batch are retried (docs/batches.md). Not for a run that keeps its
+        lease past its timeout (a fleet-wide limit or a serial key counts it, or a child
+        process runs it): its end waits for the run's. True when it was settled."""
+        if entry.batch is None or entry.kept_past_timeout:
+            return False
+        worker = self.worker
+        outcome = marked_outcome(entry, conf=worker.conf, worker_id=worker.worker_id)
+        if outcome is None:
+            return False
+        outcome.duration = time.monotonic() - entry.started
+        worker.acks.settle(entry, outcome, at_timeout=True)
+        logger.warning(
+            "dbqueue timeout job=%s type=%s attempt=%s after %gs: its batch handler had "
+            "marked it (%s), which stands",
+            entry.ctx.id,
+            entry.ctx.name,
+            entry.ctx.attempt,
+            entry.timeout,
+            outcome.kind,
+        )
+        worker.pool.abandon(entry)  # once per batch: the thread is replaced for all its jobs
+        return True

@@ -61,6 +61,9 @@ class BatchRun:
 
     entries: list
     abandoned: bool = False  # the watchdog gave up its runs: its thread was replaced (once)
+    # The Batch its handler holds, once the call began: at the timeout, the marks made so far
+    # are the outcomes of the jobs they name (heartbeat.check_timeouts).
+    batch: object = None
 
     @property
     def ctx(self):  # what the pool's log lines name: the batch's first job
