@@ -27,6 +27,8 @@ class Batch:
 
     def __init__(self, jobs):
         self.jobs = list(jobs)
+        for job in self.jobs:
+            job._batch = True  # a durable wait ends one job's run, not a batch's: refused
         self._marks = {}  # job id -> ("ok", result json) | ("error", exception)
 
     def __iter__(self):

@@ -23,6 +23,7 @@ class JobContext:
     """
 
     __slots__ = (
+        "_batch",
         "_cancelled",
         "_lease_gone",
         "_on_cancel",
@@ -72,6 +73,7 @@ class JobContext:
         self._on_cancel = None  # set while an async handler runs: cancels its task
         self._token = None  # the run's lease token (run_handler): fences its step records
         self._steps = None  # steps.Steps, made at the run's first step
+        self._batch = False  # one job of a batch handler's call (batches.Batch): no waits
         # What the run knows of its lease, for a step about to run (steps.stored): when it was
         # last known held (time.monotonic(), taken before the claim or renewal that held it;
         # None: unknown), and whether this worker gave the run up (the heartbeat found the lease

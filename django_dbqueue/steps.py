@@ -164,6 +164,18 @@ def _runs(ctx):
     return ctx._steps
 
 
+def _outside_batches(ctx, where):
+    """Refused before anything is recorded: a wait ends the run, and a batch handler's call
+    runs the other jobs of its batch too. Recorded first, the wait would have ended by the
+    retry and the handler would go past it."""
+    if ctx._batch:
+        raise InvalidArgument(
+            f"{where} is not available in a batch handler (job #{ctx.id}): a durable wait ends "
+            "the run, and this call runs the other jobs of the batch too. Enqueue the waiting "
+            "work as a job of a plain type, or use ctx.step() and retries"
+        )
+
+
 def _outside_transactions(ctx, where):
     if connections[ctx.using].in_atomic_block:
         raise InvalidArgument(
@@ -201,6 +213,7 @@ def sleep(ctx, name, *, seconds=None, until=None):
         raise InvalidArgument(
             f"{where}: an aware datetime (with its time zone), got {validation.shown(until)}"
         )
+    _outside_batches(ctx, where)
     _outside_transactions(ctx, where)
     key = _runs(ctx).key(SLEEP + name)
     found, value = stored(ctx, key)
@@ -221,6 +234,7 @@ def wait_for_signal(ctx, name, timeout=None):
     where = "ctx.wait_for_signal()"
     check_name(where, name, MAX_NAME - len(SIGNAL))
     timeout = _seconds(where, timeout, allow_none=True)
+    _outside_batches(ctx, where)
     _outside_transactions(ctx, where)
     key = _runs(ctx).key(SIGNAL + name)
     has_signal, payload, seen, now = store.read_signal(
