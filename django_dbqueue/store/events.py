@@ -93,9 +93,13 @@ def event_by_key(using, name, key):
 # whose job was pruned). The event's row is locked first, so a concurrent prune (SKIP LOCKED)
 # leaves it, and two replays of one event take turns; a subscriber that has its job (the key of
 # (event, type)) gets nothing new. The event's subscriber list gains the types that got a job.
+# FOR NO KEY UPDATE, not FOR UPDATE: it conflicts with the prune's FOR UPDATE and with another
+# replay, but not with the FOR KEY SHARE of a repeated publish (SELECT_EVENT_BY_KEY), so two
+# transactions that each repeat a key and then replay its event take turns instead of each
+# waiting for the other's share lock (a deadlock, test_event_prune_race.py).
 REPLAY_EVENT = f"""
 WITH event AS (
-    SELECT id, payload, subscribers FROM dbqueue_event WHERE id = %(event)s FOR UPDATE
+    SELECT id, payload, subscribers FROM dbqueue_event WHERE id = %(event)s FOR NO KEY UPDATE
 ),
 inserted AS (
 {_SUBSCRIBER_JOBS}
@@ -152,8 +156,8 @@ def event_jobs(using, event_id):
 # began with, also when it locks an event after a replay that held it committed a job for it
 # meanwhile (the lock then re-checks the event's row, not the jobs), and would delete the
 # event under that job; there is no foreign key to refuse it. Every writer of an event_id locks
-# its event first, until its commit (a replay FOR UPDATE, publish() inserts it in the same
-# statement), so a job that the second statement cannot see does not exist.
+# its event first, until its commit (a replay FOR NO KEY UPDATE, publish() inserts it in the
+# same statement), so a job that the second statement cannot see does not exist.
 LOCK_PRUNABLE_EVENTS = """
 SELECT e.id FROM dbqueue_event AS e
 WHERE e.published_at < now() - %(age)s * interval '1 second'

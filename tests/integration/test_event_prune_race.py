@@ -275,3 +275,31 @@ def test_a_workers_session_prunes_in_one_transaction_of_its_own(settings):
         assert session.connection().info.transaction_status == idle
     finally:
         session.reset()
+
+
+def test_two_repeated_publishes_that_replay_their_event_take_turns():
+    """Two transactions repeat a key (each locks the event FOR KEY SHARE) and then each replays
+    the event: the replays take turns (the second waits for the first's commit and makes
+    nothing new) instead of each waiting for the other's share lock (a deadlock)."""
+    event = old_event(key="k")
+
+    def again():
+        return publish("test.nobody.listens", {"n": 2}, idempotency_key="k")
+
+    def replay():
+        return replay_event(event.id, ["late-subscriber"])
+
+    first, second = start(Session(again, replay)), start(Session(again, replay))
+    assert first.worked.wait(30) and second.worked.wait(30)
+    assert first.result.id == second.result.id == event.id
+    first.proceed()
+    wait_until(
+        lambda: not first.is_alive() or waits_on(first, "transactionid"),
+        message="the first replay to end or wait",
+    )
+    second.proceed()
+    first.join(30)
+    second.join(30)
+    assert (first.error, second.error) == (None, None), (first.error, second.error)
+    assert sorted(len(s.result) for s in (first, second)) == [0, 1]
+    assert events() == 1 and dangling_jobs() == 0
