@@ -24,6 +24,8 @@ with the times it saw processes die). It touches no other database. Then, for ``
   some before the job reaches its wait, some while it waits, some after its timeout, some in a
   transaction kept open a little while the job's run may be writing its wait; and events
   (``publish``) to two subscribers, most with an idempotency key from a small set that repeats;
+  and jobs of a batch handler (``soak-batch``, up to five per call), each with its own failure
+  plan;
 - an operator requeues dead and cancelled jobs (by id, and all dead ones at once), cancels
   pending, waiting and running jobs, pauses queues and resumes them;
 - faults: ``kill -9`` of a worker's process group (started again a little later),
@@ -711,6 +713,7 @@ class Soak:
         ("waits", 10),
         ("sql", 6),
         ("publish", 6),
+        ("batch", 6),
     ]
 
     def payload(self, rng, *, fail_rate=0.25):
@@ -875,6 +878,23 @@ class Soak:
         event = publish(soak_publish.EVENT, payload, idempotency_key=key)
         self.facts.publishes.append((key, event.id, event.created, [j.id for j in event.jobs]))
         return [j.id for j in event.jobs if j.created]
+
+    def _produce_batch(self, d, payload, rng):
+        """Three to eight jobs of the batch type at once (benchmarks/soak_batch.py), each with
+        its own failure plan, drawn from the step's draws: most never fail, some fail on their
+        first attempt, some on the first two, some on all three (dead)."""
+        from benchmarks import soak_batch
+        from django_dbqueue import enqueue_many
+
+        plans = random.Random(d[1])
+        jobs = []
+        for _ in range(3 + int(d[0] * 6)):
+            roll = plans.random()
+            fail = (
+                [] if roll >= 0.3 else [1] if roll < 0.15 else [1, 2] if roll < 0.23 else [1, 2, 3]
+            )
+            jobs.append((soak_batch.TYPE, {"ms": payload["ms"], "fail": fail}))
+        return [queued.id for queued in enqueue_many(jobs)]
 
     def _produce_delivery(self, d, payload, rng):
         return self._one("soak-deliver", payload)
@@ -1174,6 +1194,12 @@ class Soak:
             f"publish: {pub.calls} publishes ({pub.repeats} repeated a key), {pub.events} events, "
             f"{pub.jobs} subscriber jobs, {pub.done} done; plain runs that returned twice "
             f"(at-least-once after a fault): {dict(sorted(pub.returned_twice.items()))}"
+        )
+        batch = self.checker.batch_stats
+        print(
+            f"batch handlers: {batch.jobs} soak-batch jobs {dict(sorted(batch.states.items()))}; "
+            f"planned failures written {batch.planned}; done jobs by the size of their batch "
+            f"{dict(sorted(batch.sizes.items()))}"
         )
         if errors:
             print(f"action errors: {errors}")

@@ -114,6 +114,9 @@ The invariants:
 - publish and subscribe (``publish-jobs``, ``publish-repeat``, ``publish-done-twice``): a
   published event has exactly one job per subscriber it names, a repeated publish of a key made
   no new event or job, and no subscriber's job succeeded twice; see benchmarks/soak_publish.py.
+- batch handlers (``batch-mate``, ``batch-outcome``, ``batch-done-twice``): each ``soak-batch``
+  job settles by its own payload's failure plan and attempt, never a batch mate's, and its
+  success is written once; see benchmarks/soak_batch.py.
 """
 
 from __future__ import annotations
@@ -123,7 +126,7 @@ import datetime
 import re
 from dataclasses import dataclass, field
 
-from benchmarks import soak_publish
+from benchmarks import soak_batch, soak_publish
 
 UTC = datetime.UTC
 LIMITS = {"queue limited": ("queue", "limited", 2), "type soak-typed": ("type", "soak-typed", 2)}
@@ -662,6 +665,7 @@ class Checker:
         self.step_stats = StepStats()
         self.wait_stats = WaitStats()
         self.publish_stats = soak_publish.PublishStats()
+        self.batch_stats = soak_batch.BatchStats()
         self.unseen_deaths = 0
         self._waiting_seen = {}  # (job, waiting_on, holding, unfinished==0) -> first seen
 
@@ -682,6 +686,7 @@ class Checker:
         self._steps()
         self._waits()
         self._publish()
+        self._batches()
         self._unrecorded()
         self._deadlocks()
         if final:
@@ -930,6 +935,15 @@ class Checker:
         for kind, key, text in soak_publish.publish_violations(
             calls, events, jobs, self.publish_stats
         ):
+            self._add(kind, key, text)
+
+    def _batches(self):
+        jobs = [
+            soak_batch.BatchJob(*row)
+            for row in self.conn.execute(soak_batch.JOBS, [soak_batch.TYPE]).fetchall()
+        ]
+        self.batch_stats = soak_batch.BatchStats()
+        for kind, key, text in soak_batch.batch_violations(jobs, self.batch_stats):
             self._add(kind, key, text)
 
     def _effects(self):

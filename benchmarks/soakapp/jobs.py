@@ -28,6 +28,7 @@ import time
 import psycopg
 from django.db import connection
 
+from benchmarks import soak_batch
 from benchmarks.soak_check import STEP_KEYS
 from benchmarks.soak_publish import EVENT
 from django_dbqueue import DiscardJob, SignalTimeout, Snooze, deliver, job
@@ -282,3 +283,41 @@ job("soak-sub-ledger", max_attempts=3, atomic=True, timeout=10, subscribes=[EVEN
     recorded(guarded_atomic)
 )
 job("soak-sub-notify", max_attempts=3, subscribes=[EVENT])(recorded(work))
+
+
+def batch_work(batch):
+    """``soak-batch`` (benchmarks/soak_batch.py): one call for up to ``soak_batch.SIZE`` jobs.
+    Records a run per job as ``recorded`` does, works once for the batch (the longest ``ms`` of
+    its jobs, at most 200), then settles each job by its own payload: ``batch.fail`` on the
+    attempts its ``fail`` lists, else ``batch.succeed`` with a result naming the job, its
+    attempt and the batch's size. Each job's run ends ``raised`` or ``returned`` by its mark."""
+    pid, tid = os.getpid(), threading.get_native_id()
+    runs = {}
+    for ctx in batch:
+        row = _record(
+            START,
+            {
+                "attempt": ctx.attempt,
+                "worker": os.environ.get("DBQUEUE_SOAK_WORKER", "?"),
+                "mode": _mode(),
+                "pid": pid,
+                "proc_start": process_start(pid),
+                "tid": tid,
+                "thread_start": thread_start(pid, tid),
+                "job": ctx.id,
+            },
+        )
+        runs[ctx.id] = row[0] if row is not None else None
+    time.sleep(min(200, max(ctx.payload.get("ms", 50) for ctx in batch)) / 1000.0)
+    for ctx in batch:
+        if ctx.attempt in ctx.payload.get("fail", ()):
+            batch.fail(ctx, RuntimeError(soak_batch.planned_failure(ctx.id, ctx.attempt)))
+            outcome = "raised"
+        else:
+            batch.succeed(ctx, {"job": ctx.id, "attempt": ctx.attempt, "batch": len(batch)})
+            outcome = "returned"
+        if runs[ctx.id] is not None:
+            _record(END + " RETURNING id", [outcome, runs[ctx.id]])
+
+
+job(soak_batch.TYPE, queue="default", max_attempts=3, batch_size=soak_batch.SIZE)(batch_work)
