@@ -111,14 +111,15 @@ def claim(w, done=None):
 
 def next_cursors(cursors, rows):
     """Update ``cursors`` after a fair claim that returned ``rows``: per fair queue, the key of
-    the last place in the walk that a job was claimed from ('' for the jobs without a key: the
-    next walk starts again at the first key). A queue nothing was claimed from keeps its cursor."""
+    the last place in the walk that a job was claimed from. The jobs with no key at all (NULL,
+    served after the walk) move no cursor. A queue nothing was claimed from keeps its cursor."""
     last = {}
     for row in rows:
-        if row.fair_pos and row.fair_pos > last.get(row.queue, (0, None))[0]:
+        placed = row.fair_pos and row.fair_key is not None
+        if placed and row.fair_pos > last.get(row.queue, (0, None))[0]:
             last[row.queue] = (row.fair_pos, row.fair_key)
     for queue, (_, key) in last.items():
-        cursors[queue] = "" if key is None else key
+        cursors[queue] = key
     return cursors
 
 

@@ -60,6 +60,10 @@ DEFAULTS = {
 # its jobs round-robin by their fair key, docs/fairness.md).
 QUEUE_OPTIONS = ("concurrency", "global_concurrency", "rate_limit", "fair")
 
+# The fair key enqueue() gives a fair queue's job that has none: those jobs share it, one key of
+# the rotation (store/fair.py). A key a caller gives is never empty.
+SHARED_FAIR_KEY = ""
+
 
 # The rule of each key: what the system checks (checks.py) hold a value to, and what code that
 # must not fail on a bad value (the wake-up's window) falls back from.

@@ -15,7 +15,7 @@ from django.db import connections
 from django.utils import timezone
 
 from . import payloads, registry, validation
-from .conf import get_settings
+from .conf import SHARED_FAIR_KEY, get_settings
 from .exceptions import EnqueueError, UnknownDatabase, UnknownJobType, UnsupportedDatabase
 
 
@@ -200,6 +200,10 @@ def prepare(
     delay = 0.0 if delay is None else validation.seconds(delay, "delay", error=EnqueueError)
     if idempotency_key is not None:
         validation.key(idempotency_key, error=EnqueueError)
+    if flow["fair_key"] is None and (conf.QUEUES.get(queue) or {}).get("fair") is True:
+        # A fair queue's job without a key takes the shared key (docs/fairness.md): a NULL key
+        # would leave it out of the fair index, claimed only as a plain claim would.
+        flow = {**flow, "fair_key": SHARED_FAIR_KEY}
     return {
         "type": type,
         "queue": queue,

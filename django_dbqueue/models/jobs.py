@@ -74,7 +74,8 @@ class BackgroundJob(models.Model):
     serial_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
     # Fair shares (docs/fairness.md): the key a fair queue's claim takes jobs round-robin by
     # (a tenant, an account), set at enqueue from ``@job(fair_key=...)`` or ``enqueue(fair_key=)``.
-    # NULL: no key; a fair queue serves its keyless jobs as one more key.
+    # '' (store.fair.SHARED_KEY): the key enqueue() gives a fair queue's job that has none.
+    # NULL: no key (SQL enqueue, publish; every plain job), claimed as a plain claim would.
     fair_key = models.CharField(max_length=300, null=True, blank=True)  # noqa: DJ001
     # Snoozes and durable waits (docs/steps.md): how many times a handler snoozed (``Snooze``:
     # back to pending without spending an attempt; bounded by MAX_SNOOZES), and what a pending
@@ -196,7 +197,8 @@ class BackgroundJob(models.Model):
                 condition=Q(state=JobState.PENDING),
             ),
             # The fair claim (store/fair.py): per queue, the distinct keys of the pending jobs
-            # (a skip scan), then per key its jobs in claim order.
+            # (a skip scan), then per key its jobs in claim order. Only the jobs with a key: a
+            # plain job (fair_key NULL) writes no entry in it.
             models.Index(
                 "queue",
                 "fair_key",
@@ -204,7 +206,7 @@ class BackgroundJob(models.Model):
                 "run_after",
                 "id",
                 name="dbqueue_job_fair_idx",
-                condition=Q(state=JobState.PENDING),
+                condition=Q(state=JobState.PENDING, fair_key__isnull=False),
             ),
             # The sweeper: running rows by lease expiry.
             models.Index(

@@ -2,6 +2,7 @@
 jobs round-robin by their ``fair_key`` so that one key's backlog does not delay another key's
 job. A worker without a fair queue never runs it: its claim is ``CLAIM_JOBS``, as before."""
 
+from ..conf import SHARED_FAIR_KEY
 from ..connections import PlannedOnce
 from ._db import text_array
 
@@ -13,19 +14,37 @@ _SERIAL_TURN = (
 # The fair claim: one statement for up to %(limit)s jobs across the worker's queues, fair and
 # plain, with CLAIM_JOBS's commit mode, pause test, serial keys, lease, token and JSON reply.
 # - The plain queues of the worker (%(fair)s false) are scanned exactly as CLAIM_JOBS scans them.
+# - dbqueue_job_fair_idx holds the pending jobs WITH a fair key only (migration 0025): a job
+#   without one (every plain queue's) writes no entry in it. enqueue() gives a fair queue's
+#   jobs without a key the shared key '' (conf.SHARED_FAIR_KEY), which sorts first.
 # - A fair queue's keys are walked round-robin from %(cursors)s, the last key the worker served
 #   in it (the worker keeps it, per queue, from the replies: no row is written for it): the
-#   keys after it in ascending order, then the jobs without a key (NULL, one more key), then from
-#   the first key up to the cursor itself, at most the queue's limit of keys. Each step is one
-#   probe of dbqueue_job_fair_idx for the next key with a due pending job (a skip scan), so a
-#   claim reads about as many keys as it has slots, however many keys the queue has. (A UNION
-#   ALL under LIMIT 1 runs its branches in turn and stops at the first row: each branch is one
-#   index range, never a filter that would read on past the cursor.)
+#   keys after it in ascending order, then from the first key ('') up to the cursor itself, at
+#   most the queue's limit of keys. Each step is one probe of dbqueue_job_fair_idx for the next
+#   key with a due pending job (a skip scan), so a claim reads about as many keys as it has
+#   slots, however many keys the queue has. (A UNION ALL under LIMIT 1 runs its branches in
+#   turn and stops at the first row: each branch is one index range, never a filter that would
+#   read on past the cursor.)
 # - Each key visited gives its first ceil(limit / keys visited) due jobs in claim order
 #   (priority, run_after, id), locked with SKIP LOCKED (a job another worker is claiming is
 #   passed over, as in CLAIM_JOBS); the candidates are ranked within their key, and the batch
 #   takes rank 1 of every key in walk order before rank 2 of any: one claim of 100 from 100
 #   keys is one job of each. Priority orders the jobs within a key; across keys the walk does.
+# - The generic plan is made once per connection, often on an empty table or with one key's
+#   statistics, where every index looks alike: nothing in it may depend on the estimates. So
+#   a key's jobs are asked for with a range (>= and <= the key, never =) in the order of the
+#   fair index, key first: only that index gives the order; the claim index would need a sort
+#   of the queue's backlog. (With "fair_key = key" the planner dropped the key from the order
+#   as constant and, on one key's statistics, read the key's jobs from the claim index, filtering
+#   out every other key's: 3,000 rows per claim in tests/integration/test_fair_queues.py.)
+# - Jobs with no key at all (NULL: written by dbqueue_enqueue() in SQL, by publish(), or before
+#   the queue was made fair) are in no fair index. They are one more key, last in the walk,
+#   found among the queue's first (its limit) due pending jobs in claim order (keyless_head:
+#   the claim index, read as CLAIM_JOBS reads it, no row locked): such a job is claimed when a
+#   plain claim would take it, no later. A claim that finds none pays that short scan. Each
+#   is then locked by its primary key, one probe per job (keyless): a single scan of
+#   "id = ANY(...)" was planned, on an empty table, as a read of the claim index filtering on
+#   the ids, which read the whole backlog.
 # - The reply adds to each job its fair key and its place in the walk (0 for a plain queue);
 #   the worker's next cursor in a queue is the key of the last place it was served from.
 # - Scheduled jobs (run_after in the future) are not keys yet: a key probe passes over the
@@ -57,6 +76,29 @@ plain AS MATERIALIZED (
     ) AS c
     WHERE NOT q.fair
 ),
+keyless_head AS MATERIALIZED (
+    SELECT q.name AS queue, q.lim, h.id
+    FROM claimable AS q
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.fair_key
+        FROM dbqueue_job AS j
+        WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+        ORDER BY j.priority DESC, j.run_after, j.id
+        LIMIT q.lim
+    ) AS h
+    WHERE q.fair AND h.fair_key IS NULL
+),
+keyless AS MATERIALIZED (
+    SELECT c.id, c.priority, c.run_after, c.keyed, h.queue, h.lim, h.lim + 1 AS pos
+    FROM keyless_head AS h
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
+        FROM dbqueue_job AS j
+        WHERE j.id = h.id AND j.state = 'pending' AND j.fair_key IS NULL
+          AND j.run_after <= now() AND {_SERIAL_TURN}
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+),
 walk (queue, lim, cursor, pos, key, phase) AS (
     SELECT q.name, q.lim, q.cursor, 0, q.cursor, 0
     FROM claimable AS q
@@ -67,29 +109,23 @@ walk (queue, lim, cursor, pos, key, phase) AS (
     CROSS JOIN LATERAL (
         (SELECT j.fair_key AS key, 0 AS phase
          FROM dbqueue_job AS j
-         WHERE w.phase = 0 AND j.state = 'pending' AND j.queue = w.queue
-           AND j.fair_key > w.key AND j.run_after <= now()
+         WHERE w.phase = 0 AND j.state = 'pending' AND j.fair_key IS NOT NULL
+           AND j.queue = w.queue AND j.fair_key > w.key AND j.run_after <= now()
          ORDER BY j.fair_key
          LIMIT 1)
         UNION ALL
-        (SELECT NULL, 1
-         WHERE w.phase = 0 AND EXISTS (
-             SELECT 1 FROM dbqueue_job AS j
-             WHERE j.state = 'pending' AND j.queue = w.queue AND j.fair_key IS NULL
-               AND j.run_after <= now()))
+        (SELECT j.fair_key, 1
+         FROM dbqueue_job AS j
+         WHERE w.phase = 0 AND j.state = 'pending' AND j.fair_key IS NOT NULL
+           AND j.queue = w.queue AND j.fair_key <= w.cursor AND j.run_after <= now()
+         ORDER BY j.fair_key
+         LIMIT 1)
         UNION ALL
         (SELECT j.fair_key, 1
          FROM dbqueue_job AS j
-         WHERE w.phase = 1 AND j.state = 'pending' AND j.queue = w.queue
-           AND j.fair_key > COALESCE(w.key, '') AND j.fair_key <= w.cursor
+         WHERE w.phase = 1 AND j.state = 'pending' AND j.fair_key IS NOT NULL
+           AND j.queue = w.queue AND j.fair_key > w.key AND j.fair_key <= w.cursor
            AND j.run_after <= now()
-         ORDER BY j.fair_key
-         LIMIT 1)
-        UNION ALL
-        (SELECT j.fair_key, 1
-         FROM dbqueue_job AS j
-         WHERE w.phase = 0 AND j.state = 'pending' AND j.queue = w.queue
-           AND j.fair_key <= w.cursor AND j.run_after <= now()
          ORDER BY j.fair_key
          LIMIT 1)
         LIMIT 1
@@ -107,25 +143,14 @@ fair AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_after, c.keyed, k.queue, k.lim, k.pos
     FROM fair_keys AS k
     CROSS JOIN LATERAL (
-        SELECT * FROM (
-            SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
-            FROM dbqueue_job AS j
-            WHERE k.key IS NOT NULL AND j.state = 'pending' AND j.queue = k.queue
-              AND j.fair_key = k.key AND j.run_after <= now() AND {_SERIAL_TURN}
-            ORDER BY j.priority DESC, j.run_after, j.id
-            LIMIT k.share
-            FOR UPDATE SKIP LOCKED
-        ) AS keyed_jobs
-        UNION ALL
-        SELECT * FROM (
-            SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
-            FROM dbqueue_job AS j
-            WHERE k.key IS NULL AND j.state = 'pending' AND j.queue = k.queue
-              AND j.fair_key IS NULL AND j.run_after <= now() AND {_SERIAL_TURN}
-            ORDER BY j.priority DESC, j.run_after, j.id
-            LIMIT k.share
-            FOR UPDATE SKIP LOCKED
-        ) AS keyless_jobs
+        SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
+        FROM dbqueue_job AS j
+        WHERE j.state = 'pending' AND j.fair_key IS NOT NULL
+          AND j.queue = k.queue AND j.fair_key >= k.key AND j.fair_key <= k.key
+          AND j.run_after <= now() AND {_SERIAL_TURN}
+        ORDER BY j.fair_key, j.priority DESC, j.run_after, j.id
+        LIMIT k.share
+        FOR UPDATE SKIP LOCKED
     ) AS c
 ),
 ranked AS MATERIALIZED (
@@ -133,6 +158,8 @@ ranked AS MATERIALIZED (
            row_number() OVER (PARTITION BY x.queue, x.pos
                               ORDER BY x.priority DESC, x.run_after, x.id) AS rank
     FROM (SELECT id, priority, run_after, keyed, queue, lim, pos FROM fair
+          UNION ALL
+          SELECT id, priority, run_after, keyed, queue, lim, pos FROM keyless
           UNION ALL
           SELECT id, priority, run_after, keyed, queue, lim, 0 FROM plain) AS x
 ),
@@ -178,10 +205,14 @@ FROM claimed AS c JOIN chosen AS h ON h.id = c.id
 
 def fair_params(queues, fair, cursors):
     """The fair claim's extra parameters: per queue of the worker whether it is fair, and the
-    last key served in it ('' before the first key: a fair key is never empty)."""
+    last key served in it ('' at first: the shared key, SHARED_FAIR_KEY, which sorts before every
+    key a caller gives; the walk starts after it)."""
     return {
         "fair": "{" + ",".join("t" if f else "f" for f in fair) + "}",
         "cursors": text_array(
-            [cursors.get(name, "") if f else "" for name, f in zip(queues, fair, strict=True)]
+            [
+                cursors.get(name, SHARED_FAIR_KEY) if f else ""
+                for name, f in zip(queues, fair, strict=True)
+            ]
         ),
     }
