@@ -101,7 +101,14 @@ def claim(w, done=None):
         entries.sort(key=lambda entry: not entry.keyed)
     units = entries
     if (sizes := registry.batch_sizes()) and rows and getattr(w.pool, "runs_batches", False):
-        entries, units = _batches(w, entries, sizes, token=token, sent=sent, threads=threads)
+        try:
+            entries, units = _batches(w, entries, sizes, token=token, sent=sent, threads=threads)
+        except BaseException:
+            # The top-up failed after this claim committed: its jobs never reach this worker's
+            # books, and the recovery after the reconnect hands them back (recover), unrun;
+            # so they do not count against max_jobs.
+            w.claimed_total -= len(rows)
+            raise
     w.inflight.add(entries)
     w.pool.submit(units)
     if rows and logger.isEnabledFor(logging.DEBUG):

@@ -260,3 +260,42 @@ def test_a_batch_past_its_timeout_keeps_the_marks_its_handler_made(types, start_
     assert calls[0] == [(n, 1) for n in range(5)]
     assert sorted(p for call in calls[1:] for p in call) == [(2, 2), (3, 2), (4, 2)]
     wait_until(lambda: worker.pool.hung == 0, message="the hung batch thread to return")
+
+
+def test_jobs_handed_back_after_a_failed_top_up_do_not_count_against_max_jobs(types, fast_settings):
+    """(a, continued) The main claim's jobs that the recovery hands back after the top-up's
+    session was ended never ran here: a worker with ``max_jobs`` still runs that many."""
+    runs = []
+
+    @types("bi-topup-max", batch_size=20)
+    def handler(batch):
+        runs.extend(j.id for j in batch)
+
+    ids = enqueue_n("bi-topup-max", 12)
+    worker = Worker(concurrency=1, queues=["default"], max_jobs=10)
+    execute = worker.session.execute
+    ended = []
+
+    def hooked(statement, params):
+        if statement == CLAIM_MORE_OF_TYPE and not ended:
+            pid = worker.session.connection().info.backend_pid
+            ended.append(pid)
+            assert scalar("SELECT pg_terminate_backend(%s)", [pid])
+            wait_until(
+                lambda: not scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid]),
+                message="the worker's backend to end",
+            )
+        return execute(statement, params)
+
+    worker.session.execute = hooked
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", worker.run()), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the worker did not stop at max_jobs"
+    assert result["code"] == 0 and ended
+    assert (
+        scalar("SELECT count(*) FROM dbqueue_job WHERE id = ANY(%s) AND state = 'done'", [ids])
+        == 10
+    )
+    assert len(runs) == len(set(runs)) == 10
