@@ -173,6 +173,10 @@ class _Child:
 class ProcessPool(ThreadPool):
     """One child process per slot; a run past its timeout is killed with its process."""
 
+    # Each job runs alone in a child: a batch type's job reaches its handler as a batch of one
+    # (execution.run_handler), so the claim hands this pool no BatchRuns (docs/batches.md).
+    runs_batches = False
+
     def __init__(self, worker, size, *, hung_limit):
         super().__init__(worker, size, hung_limit=hung_limit)
         # spawn, not fork: forking a process that runs threads can copy a lock held mid-update.

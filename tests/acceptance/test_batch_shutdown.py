@@ -65,3 +65,24 @@ def test_sigterm_past_the_grace_hands_a_running_batch_back_and_discards_its_outc
     assert sorted(done) == [(i, 1, True) for i in sorted(ids)]
     again = effects_by(ids, "started")
     assert sorted((j, a) for j, a, pid in again if pid == second.pid) == [(i, 1) for i in ids]
+
+
+def test_process_mode_runs_each_batch_job_as_a_batch_of_one(start_worker, settings):
+    """``--execution process``: the pool takes no batches (docs/batches.md, "a batch of one in
+    process mode"); every job of a batch type reaches the handler alone, in a child, and ends
+    done. (Found by the soak: the process pool was handed batches its threads could not run,
+    and the worker held their jobs, renewed, without running them.)"""
+    settings.DBQUEUE = FAST_DBQUEUE
+    ids = [j.id for j in enqueue_many([("accept-batch", {"n": n}) for n in range(8)])]
+    worker = start_worker("--concurrency", "2", "--execution", "process", settings=FAST)
+    try:
+        wait_all_in_state(ids, "done", timeout=60)
+    except AssertionError:
+        raise AssertionError(worker.stderr()) from None
+    worker.assert_alive()
+    ran = rows(
+        "SELECT job_id, attempt, worker FROM testapp_effect WHERE job_id = ANY(%s) ORDER BY job_id",
+        [ids],
+    )
+    assert ran == [(i, 1, "batch:1") for i in sorted(ids)]
+    assert "Traceback" not in worker.stderr()
