@@ -53,7 +53,7 @@ def _event_name(event):
 def _columns(types, payload, conf):
     """The subscribers' jobs' values (store.events), each validated as enqueue() would."""
     columns = {"types": [], "queues": [], "priorities": [], "max_attempts": []}
-    columns.update(leases=[], serial_keys=[])
+    columns.update(leases=[], serial_keys=[], fair_keys=[])
     payload_json = None
     for job_type in types:
         values = prepare(
@@ -79,6 +79,7 @@ def _columns(types, payload, conf):
         columns["max_attempts"].append(values["max_attempts"])
         columns["leases"].append(values["lease"])
         columns["serial_keys"].append(values["serial_key"])
+        columns["fair_keys"].append(values["fair_key"])
     return columns, payload_json
 
 

@@ -10,19 +10,20 @@ from .wakeups import WAKEUPS_WANTED
 JOB_KEY = "'dbqueue:event:' || e.id || ':' || u.type"
 
 # The subscribers' jobs of the event ``e``, one per element of the arrays (each subscriber's
-# queue, priority, attempts, lease and serial key, from its @job), all due now, each with the
-# event's payload and its event_id.
+# queue, priority, attempts, lease, serial key and fair key, from its @job and the payload, as
+# enqueue() computes them), all due now, each with the event's payload and its event_id.
 _SUBSCRIBER_JOBS = f"""
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
-    lease_seconds, idempotency_key, errors, created_at, serial_key, traceparent, event_id
+    lease_seconds, idempotency_key, errors, created_at, serial_key, fair_key, traceparent,
+    event_id
 )
 SELECT u.type, u.queue, e.payload, 'pending', u.priority, now(), 0, u.max_attempts, u.lease,
-       {JOB_KEY}, '[]'::jsonb, now(), u.serial_key, %(traceparent)s, e.id
+       {JOB_KEY}, '[]'::jsonb, now(), u.serial_key, u.fair_key, %(traceparent)s, e.id
 FROM event AS e CROSS JOIN unnest(
     %(types)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
-    %(leases)s::float8[], %(serial_keys)s::text[]
-) WITH ORDINALITY AS u(type, queue, priority, max_attempts, lease, serial_key, ord)
+    %(leases)s::float8[], %(serial_keys)s::text[], %(fair_keys)s::text[]
+) WITH ORDINALITY AS u(type, queue, priority, max_attempts, lease, serial_key, fair_key, ord)
 ORDER BY u.ord
 """
 
@@ -66,6 +67,7 @@ def _params(values):
         "max_attempts": int_array(values["max_attempts"]),
         "leases": "{" + ",".join(repr(float(lease)) for lease in values["leases"]) + "}",
         "serial_keys": text_array(values["serial_keys"]),
+        "fair_keys": text_array(values["fair_keys"]),
     }
 
 
