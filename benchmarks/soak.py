@@ -89,6 +89,7 @@ RESET_TABLES = [
     "dbqueue_limiter",
     "dbqueue_step",
     "dbqueue_signal",
+    "dbqueue_event",  # else a run's repeated keys find the last run's events (publish-repeat)
     "soak_run",
     "soak_effect",
     "soak_transition",
