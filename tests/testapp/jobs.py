@@ -96,7 +96,16 @@ def slow_record(ctx):
         time.sleep(0.01)
 
 
-from . import batch_jobs, cancel_jobs, delivery_jobs, event_jobs, hung_jobs, process_jobs, step_jobs  # noqa: E402, F401 - registers their job types
+from . import (  # noqa: E402, F401 - registers their job types
+    batch_jobs,
+    cancel_jobs,
+    delivery_jobs,
+    event_jobs,
+    fair_jobs,
+    hung_jobs,
+    process_jobs,
+    step_jobs,
+)
 
 
 @job("hang", timeout=1.0, max_attempts=2)
