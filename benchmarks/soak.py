@@ -25,7 +25,8 @@ with the times it saw processes die). It touches no other database. Then, for ``
   transaction kept open a little while the job's run may be writing its wait; and events
   (``publish``) to two subscribers, most with an idempotency key from a small set that repeats;
   and jobs of a batch handler (``soak-batch``, up to five per call), each with its own failure
-  plan;
+  plan; and jobs of the fair queue ``fair`` (a backlog of the key ``hog``, single jobs of new
+  keys), which the last worker of four or more serves alone (benchmarks/soak_fair.py);
 - an operator requeues dead and cancelled jobs (by id, and all dead ones at once), cancels
   pending, waiting and running jobs, pauses queues and resumes them;
 - faults: ``kill -9`` of a worker's process group (started again a little later),
@@ -229,6 +230,12 @@ class Slot:
         self.index = index
         self.mode = "thread" if index % 2 == 0 else "process"
         self.queues = QUEUE_ORDERS[index % len(QUEUE_ORDERS)]
+        # The fair queue's own worker (benchmarks/soak_fair.py): the last of four or more.
+        from benchmarks import soak_fair
+
+        self.fair = soak_fair.is_fair_slot(index, soak.args.workers)
+        if self.fair:
+            self.queues = soak_fair.QUEUE
         self.concurrency = "3" if self.mode == "thread" else "2"
         self.starts = 0
         self.process = None
@@ -242,6 +249,8 @@ class Slot:
         self.tag = f"w{self.index}.{self.starts}"
         env = dict(os.environ)
         env.update(DBQUEUE_SOAK_WORKER=self.tag, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        if self.fair:
+            env["DBQUEUE_SOAK_FAIR"] = "1"  # no limited type: the fair claim (soak_fair.py)
         with open(self.log, "ab") as log:
             log.write(f"=== {self.tag} ({self.mode}) started at step {self.soak.step}\n".encode())
             log.flush()
@@ -715,6 +724,7 @@ class Soak:
         ("sql", 6),
         ("publish", 6),
         ("batch", 6),
+        ("fair", 6),
     ]
 
     def payload(self, rng, *, fail_rate=0.25):
@@ -896,6 +906,15 @@ class Soak:
             )
             jobs.append((soak_batch.TYPE, {"ms": payload["ms"], "fail": fail}))
         return [queued.id for queued in enqueue_many(jobs)]
+
+    def _produce_fair(self, d, payload, rng):
+        """A backlog of the key ``hog`` or single jobs of new keys in the fair queue, served by
+        its own worker (benchmarks/soak_fair.py); nothing with fewer than four workers."""
+        from benchmarks import soak_fair
+        from django_dbqueue import enqueue_many
+
+        items = soak_fair.produce(d, payload, self.args.workers)
+        return [queued.id for queued in enqueue_many(items)] if items else []
 
     def _produce_delivery(self, d, payload, rng):
         return self._one("soak-deliver", payload)
@@ -1201,6 +1220,12 @@ class Soak:
             f"batch handlers: {batch.jobs} soak-batch jobs {dict(sorted(batch.states.items()))}; "
             f"planned failures written {batch.planned}; done jobs by the size of their batch "
             f"{dict(sorted(batch.sizes.items()))}"
+        )
+        fair = self.checker.fair_stats
+        print(
+            f"fair queue: {fair.jobs} jobs of {fair.keys} keys in {fair.claims} claims; most claims "
+            f"of one key while another waited for its turn {fair.worst} (bound 2); waits past it "
+            f"excused by a fault of the fair worker {fair.excused}"
         )
         if errors:
             print(f"action errors: {errors}")

@@ -117,6 +117,9 @@ The invariants:
 - batch handlers (``batch-mate``, ``batch-outcome``, ``batch-done-twice``): each ``soak-batch``
   job settles by its own payload's failure plan and attempt, never a batch mate's, and its
   success is written once; see benchmarks/soak_batch.py.
+- fair queues (``fair-starve``): fairness never starves a key: while a key of the fair queue
+  waits for its turn, no other key gets jobs in more than 2 of the claims made meanwhile; see
+  benchmarks/soak_fair.py.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ import datetime
 import re
 from dataclasses import dataclass, field
 
-from benchmarks import soak_batch, soak_publish
+from benchmarks import soak_batch, soak_fair, soak_publish
 
 UTC = datetime.UTC
 LIMITS = {"queue limited": ("queue", "limited", 2), "type soak-typed": ("type", "soak-typed", 2)}
@@ -666,6 +669,7 @@ class Checker:
         self.wait_stats = WaitStats()
         self.publish_stats = soak_publish.PublishStats()
         self.batch_stats = soak_batch.BatchStats()
+        self.fair_stats = soak_fair.FairStats()
         self.unseen_deaths = 0
         self._waiting_seen = {}  # (job, waiting_on, holding, unfinished==0) -> first seen
 
@@ -687,6 +691,7 @@ class Checker:
         self._waits()
         self._publish()
         self._batches()
+        self._fair()
         self._unrecorded()
         self._deadlocks()
         if final:
@@ -944,6 +949,24 @@ class Checker:
         ]
         self.batch_stats = soak_batch.BatchStats()
         for kind, key, text in soak_batch.batch_violations(jobs, self.batch_stats):
+            self._add(kind, key, text)
+
+    def _fair(self):
+        jobs = [
+            soak_fair.FairJob(*row)
+            for row in self.conn.execute(soak_fair.JOBS, [soak_fair.QUEUE]).fetchall()
+        ]
+        claims = self.conn.execute(soak_fair.CLAIMS, [soak_fair.QUEUE]).fetchall()
+        tags = [row[0] for row in self.conn.execute(soak_fair.TAGS, [soak_fair.QUEUE])]
+        self.fair_stats = soak_fair.FairStats()
+        for kind, key, text in soak_fair.fair_violations(
+            jobs,
+            claims,
+            tags,
+            list(self.facts.faults),
+            dict(self.facts.worker_deaths),
+            self.fair_stats,
+        ):
             self._add(kind, key, text)
 
     def _effects(self):

@@ -39,6 +39,8 @@ DBQUEUE = {
         "default": {},
         "limited": {"global_concurrency": 2},
         "rated": {"rate_limit": {"limit": 4, "period": 1.0, "key": "acct"}},
+        # Served by one worker slot only, with no limited type (benchmarks/soak_fair.py).
+        "fair": {"fair": True},
     },
     "LEASE": LEASE,
     "HEARTBEAT_INTERVAL": 0.25,
