@@ -127,13 +127,20 @@ def _flow_error(id_, validator, value, label):
 
 
 def _check_fair_limits(conf):
-    """W004: the limited claim (any fleet-wide limit) knows no fairness (docs/fairness.md)."""
+    """W004: a fleet-wide limit that applies to a fair queue (its own, or any job type's: a
+    type's limits apply in every queue) makes its workers claim it through the limited claim,
+    which knows no fairness (docs/fairness.md#limits). Another queue's limit does not: a worker
+    serving that queue and a fair one says so when it starts (startup.py)."""
     queues = conf.QUEUES if isinstance(conf.QUEUES, dict) else {}
     fair = [n for n, o in queues.items() if isinstance(o, dict) and o.get("fair") is True]
     if not fair:
         return []
-    limited = [n for n, o in queues.items() if isinstance(o, dict) and o.get("global_concurrency")]
-    limited += [n for n, o in queues.items() if isinstance(o, dict) and o.get("rate_limit")]
+    limited = [
+        f"queue {n!r} {key}"
+        for n in fair
+        for key in ("global_concurrency", "rate_limit")
+        if queues[n].get(key)
+    ]
     limited += [
         f"job type {t.name!r}"
         for t in registry.all_types().values()
@@ -144,10 +151,10 @@ def _check_fair_limits(conf):
     return [
         Warning(
             f"fair queues {', '.join(map(repr, fair))} are claimed by the limited claim, "
-            f"because fleet-wide limits are set ({', '.join(map(str, limited))}): their jobs "
+            f"because fleet-wide limits apply to them ({', '.join(limited)}): their jobs "
             "are taken in priority order, not round-robin by fair key.",
-            hint="Serve the fair queues with workers that no limit applies to, or drop the "
-            "limits (docs/fairness.md#limits).",
+            hint="Drop the fair queue's own limit; serve it from processes in which no job type "
+            "with a global_concurrency or rate_limit is registered (docs/fairness.md#limits).",
             id="dbqueue.W004",
         )
     ]

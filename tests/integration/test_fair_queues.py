@@ -256,9 +256,22 @@ def test_checks_refuse_a_non_bool_fair_and_warn_when_a_limit_applies(settings):
     assert "['tenants']['fair'] must be True or False, got 'yes'" in message.msg
     settings.DBQUEUE = {"QUEUES": {"default": {}, "tenants": {"fair": True}}}
     assert check_settings() == []
+    # Another queue's limit leaves a worker of the fair queue alone fair: no warning (a worker
+    # serving both logs it at start).
     settings.DBQUEUE = {"QUEUES": {"default": {"global_concurrency": 2}, "tenants": {"fair": True}}}
+    assert check_settings() == []
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "tenants": {"fair": True, "global_concurrency": 3}}
+    }
     [warning] = check_settings()
-    assert warning.id == "dbqueue.W004" and "'tenants'" in warning.msg
+    assert warning.id == "dbqueue.W004" and "queue 'tenants' global_concurrency" in warning.msg
+    registry.register(JobType(name="fair-limited", func=lambda ctx: None, global_concurrency=2))
+    try:
+        settings.DBQUEUE = {"QUEUES": {"default": {}, "tenants": {"fair": True}}}
+        [warning] = check_settings()
+    finally:
+        registry.unregister("fair-limited")
+    assert warning.id == "dbqueue.W004" and "job type 'fair-limited'" in warning.msg
     settings.DBQUEUE = {"QUEUES": {"default": {}, "tenants": {"fair": True, "fair_concurency": 2}}}
     [message] = check_settings()
     assert message.id == "dbqueue.E002"
