@@ -11,6 +11,7 @@ import random
 import time
 
 from . import registry, store
+from .conf import SHARED_FAIR_KEY
 from .connections import DB_ERRORS, OTHER_DB_ERRORS
 from .context import JobContext
 from .inflight import BatchRun, Entry
@@ -196,21 +197,35 @@ def _top_up(w, job_type, queue, limit, running, token, sent):
         limit = min(limit, w.max_jobs - w.claimed_total)
     if limit <= 0 or w._stop_requested():
         return []
-    rows = store.claimed_rows(
-        w.session.execute(
-            *store.claim_more_statement(
-                worker_id=w.worker_id,
-                queue=queue,
-                job_type=job_type,
-                limit=limit,
-                token=token,
-                async_commit=w.async_commit,
-            )
+    if w.fair is None or not w.fair[w.queues.index(queue)]:
+        rows = _claim_more(w, job_type, queue, limit, token)
+    else:
+        # A fair queue's top-up goes on round-robin from where the claim left it. It may
+        # come back short once every key with a due job of the type has had its share: the
+        # rest of the batch is then filled in claim order, from keys that have more.
+        rows = _claim_more(
+            w, job_type, queue, limit, token, w.fair_cursors.get(queue, SHARED_FAIR_KEY)
         )
-    )
+        next_cursors(w.fair_cursors, rows)
+        if 0 < len(rows) < limit:
+            rows = rows + _claim_more(w, job_type, queue, limit - len(rows), token)
     w.claimed_total += len(rows)
     running[queue] = running.get(queue, 0) + len(rows)
     return [_entry(w, row, token, sent) for row in rows]
+
+
+def _claim_more(w, job_type, queue, limit, token, fair_cursor=None):
+    """One top-up statement (store/batches.py): its claimed rows."""
+    statement = store.claim_more_statement(
+        worker_id=w.worker_id,
+        queue=queue,
+        job_type=job_type,
+        limit=limit,
+        token=token,
+        async_commit=w.async_commit,
+        fair_cursor=fair_cursor,
+    )
+    return store.claimed_rows(w.session.execute(*statement))
 
 
 def timeout_of(job_type):

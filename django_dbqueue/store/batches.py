@@ -2,7 +2,8 @@
 (docs/batches.md). Only a worker whose claim returned a job of a batch type runs it; the plain
 claim (store/claiming.py) is not changed by batch handlers."""
 
-from ._db import _commit
+from ._db import _commit, int_array, text_array
+from .fair import CLAIM_MORE_FAIR
 
 # More jobs of one batch type from one queue, under the claim's lease token, so that a batch
 # handler gets up to its batch_size per call rather than what one claim's free slots held.
@@ -17,6 +18,9 @@ from ._db import _commit
 # - Not used under fleet-wide limits: every job a limit counts is claimed through
 #   dbqueue_claim_within_limits(), which the worker then calls as usual.
 # - The rows come back as CLAIM_JOBS's do (one JSON array), read by claimed_rows().
+# - On a fair queue (docs/fairness.md) the top-up is CLAIM_MORE_FAIR (store/fair.py) instead:
+#   round-robin by fair key from the worker's cursor, so that one key's backlog does not fill
+#   the batch ahead of the other keys' jobs.
 CLAIM_MORE_OF_TYPE = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -55,9 +59,13 @@ FROM claimed
 """
 
 
-def claim_more_statement(*, worker_id, queue, job_type, limit, token, async_commit=False):
+def claim_more_statement(
+    *, worker_id, queue, job_type, limit, token, async_commit=False, fair_cursor=None
+):
     """The top-up's statement and parameters: up to ``limit`` more due jobs of ``job_type``
-    from ``queue`` under lease ``token``; read its rows with ``claimed_rows``."""
+    from ``queue`` under lease ``token``; read its rows with ``claimed_rows``. ``fair_cursor``:
+    for a fair queue, the last key the worker served in it (the rows then carry their keys and
+    places, for next_cursors); None for a queue that is not fair."""
     params = {
         "worker": worker_id,
         "queue": queue,
@@ -66,4 +74,13 @@ def claim_more_statement(*, worker_id, queue, job_type, limit, token, async_comm
         "token": token,
         "commit": _commit(async_commit),
     }
-    return CLAIM_MORE_OF_TYPE, params
+    if fair_cursor is None:
+        return CLAIM_MORE_OF_TYPE, params
+    return CLAIM_MORE_FAIR, {
+        **params,
+        "queues": text_array([queue]),
+        "limits": int_array([limit]),
+        "threads": 0,
+        "fair": "{t}",
+        "cursors": text_array([fair_cursor]),
+    }

@@ -10,6 +10,14 @@ from ._db import text_array
 _SERIAL_TURN = (
     "(j.serial_key IS NULL OR (%(threads)s > 0 AND dbqueue_serial_turn(j.serial_key, j.id)))"
 )
+# The same test without its side effects (no advisory lock, nothing remembered; migration 0016):
+# for a look that locks nothing, that a job might start (the walk's key test, keyless_head).
+_SERIAL_FREE = (
+    "(j.serial_key IS NULL OR (%(threads)s > 0 AND dbqueue_serial_free(j.serial_key, j.id)))"
+)
+# The place of the keyless jobs in the walk: after every key (a walk visits at most this many).
+_KEYLESS_POS = 1_000_000_000
+
 
 # The fair claim: one statement for up to %(limit)s jobs across the worker's queues, fair and
 # plain, with CLAIM_JOBS's commit mode, pause test, serial keys, lease, token and JSON reply.
@@ -19,13 +27,23 @@ _SERIAL_TURN = (
 #   jobs without a key the shared key '' (conf.SHARED_FAIR_KEY), which sorts first.
 # - A fair queue's keys are walked round-robin from %(cursors)s, the last key the worker served
 #   in it (the worker keeps it, per queue, from the replies: no row is written for it): the
-#   keys after it in ascending order, then from the first key ('') up to the cursor itself, at
-#   most the queue's limit of keys. Each step is one probe of dbqueue_job_fair_idx for the next
-#   key with a due pending job (a skip scan), so a claim reads about as many keys as it has
-#   slots, however many keys the queue has. (A UNION ALL under LIMIT 1 runs its branches in
-#   turn and stops at the first row: each branch is one index range, never a filter that would
-#   read on past the cursor.)
-# - Each key visited gives its first ceil(limit / keys visited) due jobs in claim order
+#   keys after it in ascending order, then from the first key ('') up to the cursor itself,
+#   until the walk has found the queue's limit of OPEN keys or has been round once. Each step
+#   is one probe of dbqueue_job_fair_idx for the next key with a due pending job (a skip scan),
+#   so a claim reads about as many keys as it has slots, however many keys the queue has.
+#   (A UNION ALL under LIMIT 1 runs its branches in turn and stops at the first row: each
+#   branch is one index range, never a filter that would read on past the cursor.)
+# - A key is open when one of its due jobs may start: no serial key, or (for a free thread)
+#   its serial key's turn, asked with dbqueue_serial_free() (no lock taken, nothing
+#   remembered: the fetch below asks dbqueue_serial_turn() for the jobs it takes). It reads the
+#   key's jobs in claim order up to the first that may start: for a key whose due jobs all wait
+#   for their serial turn, all of them, as the plain claim reads a blocked backlog. A key that
+#   is not open takes no place among the limit's keys and gives no job: keys whose jobs wait
+#   for their turn (a tenant's serial key while its job runs) cannot fill the walk and leave
+#   another key's due job unclaimed, claim after claim (tests/integration/test_fair_serial.py).
+#   With every key blocked, the walk goes round once and claims nothing: a claim then reads
+#   every key's blocked jobs once, as the plain claim would read them all.
+# - Each OPEN key visited gives its first ceil(limit / keys visited) due jobs in claim order
 #   (priority, run_after, id), locked with SKIP LOCKED (a job another worker is claiming is
 #   passed over, as in CLAIM_JOBS); the candidates are ranked within their key, and the batch
 #   takes rank 1 of every key in walk order before rank 2 of any: one claim of 100 from 100
@@ -37,11 +55,12 @@ _SERIAL_TURN = (
 #   of the queue's backlog. (With "fair_key = key" the planner dropped the key from the order
 #   as constant and, on one key's statistics, read the key's jobs from the claim index, filtering
 #   out every other key's: 3,000 rows per claim in tests/integration/test_fair_queues.py.)
-# - Jobs with no key at all (NULL: written by dbqueue_enqueue() in SQL, by publish(), or before
+# - Jobs with no key at all (NULL: written by dbqueue_enqueue() in SQL, or before
 #   the queue was made fair) are in no fair index. They are one more key, last in the walk,
-#   found among the queue's first (its limit) due pending jobs in claim order (keyless_head:
-#   the claim index, read as CLAIM_JOBS reads it, no row locked): such a job is claimed when a
-#   plain claim would take it, no later. A claim that finds none pays that short scan. Each
+#   found among the queue's first (its limit) due pending jobs in claim order that may start
+#   (keyless_head: the claim index, read as CLAIM_JOBS reads it, passing over the jobs that
+#   wait for their serial turn with dbqueue_serial_free(), no row locked): such a job is
+#   claimed when a plain claim would take it, no later, even behind a blocked serial backlog. A claim that finds none pays that short scan. Each
 #   is then locked by its primary key, one probe per job (keyless): a single scan of
 #   "id = ANY(...)" was planned, on an empty table, as a read of the claim index filtering on
 #   the ids, which read the whole backlog.
@@ -50,7 +69,8 @@ _SERIAL_TURN = (
 # - Scheduled jobs (run_after in the future) are not keys yet: a key probe passes over the
 #   not-due entries of a key, and a queue whose keys hold many jobs scheduled for later pays
 #   for reading past them.
-CLAIM_FAIR = PlannedOnce(f"""
+def _claim_fair(of_type=""):
+    return PlannedOnce(f"""
 WITH RECURSIVE commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
@@ -69,7 +89,7 @@ plain AS MATERIALIZED (
         SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
         FROM dbqueue_job AS j
         WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
-          AND {_SERIAL_TURN}
+          AND {_SERIAL_TURN}{of_type}
         ORDER BY j.priority DESC, j.run_after, j.id
         LIMIT q.lim
         FOR UPDATE SKIP LOCKED
@@ -83,28 +103,30 @@ keyless_head AS MATERIALIZED (
         SELECT j.id, j.fair_key
         FROM dbqueue_job AS j
         WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+          AND {_SERIAL_FREE}{of_type}
         ORDER BY j.priority DESC, j.run_after, j.id
         LIMIT q.lim
     ) AS h
     WHERE q.fair AND h.fair_key IS NULL
 ),
 keyless AS MATERIALIZED (
-    SELECT c.id, c.priority, c.run_after, c.keyed, h.queue, h.lim, h.lim + 1 AS pos
+    SELECT c.id, c.priority, c.run_after, c.keyed, h.queue, h.lim, {_KEYLESS_POS} AS pos
     FROM keyless_head AS h
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
         FROM dbqueue_job AS j
         WHERE j.id = h.id AND j.state = 'pending' AND j.fair_key IS NULL
-          AND j.run_after <= now() AND {_SERIAL_TURN}
+          AND j.run_after <= now() AND {_SERIAL_TURN}{of_type}
         FOR UPDATE SKIP LOCKED
     ) AS c
 ),
-walk (queue, lim, cursor, pos, key, phase) AS (
-    SELECT q.name, q.lim, q.cursor, 0, q.cursor, 0
+walk (queue, lim, cursor, pos, key, phase, served, open) AS (
+    SELECT q.name, q.lim, q.cursor, 0, q.cursor, 0, 0, false
     FROM claimable AS q
     WHERE q.fair
   UNION ALL
-    SELECT w.queue, w.lim, w.cursor, w.pos + 1, n.key, n.phase
+    SELECT w.queue, w.lim, w.cursor, w.pos + 1, n.key, n.phase,
+           w.served + (s.id IS NOT NULL)::int, s.id IS NOT NULL
     FROM walk AS w
     CROSS JOIN LATERAL (
         (SELECT j.fair_key AS key, 0 AS phase
@@ -130,14 +152,23 @@ walk (queue, lim, cursor, pos, key, phase) AS (
          LIMIT 1)
         LIMIT 1
     ) AS n
-    WHERE w.pos < w.lim
+    LEFT JOIN LATERAL (
+        SELECT j.id
+        FROM dbqueue_job AS j
+        WHERE j.state = 'pending' AND j.fair_key IS NOT NULL
+          AND j.queue = w.queue AND j.fair_key >= n.key AND j.fair_key <= n.key
+          AND j.run_after <= now() AND {_SERIAL_FREE}{of_type}
+        ORDER BY j.fair_key, j.priority DESC, j.run_after, j.id
+        LIMIT 1
+    ) AS s ON true
+    WHERE w.served < w.lim
 ),
 fair_keys AS MATERIALIZED (
     SELECT w.queue, w.lim, w.pos, w.key,
            ((w.lim + count(*) OVER (PARTITION BY w.queue) - 1)
             / count(*) OVER (PARTITION BY w.queue))::int AS share
     FROM walk AS w
-    WHERE w.pos > 0
+    WHERE w.pos > 0 AND w.open
 ),
 fair AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_after, c.keyed, k.queue, k.lim, k.pos
@@ -147,7 +178,7 @@ fair AS MATERIALIZED (
         FROM dbqueue_job AS j
         WHERE j.state = 'pending' AND j.fair_key IS NOT NULL
           AND j.queue = k.queue AND j.fair_key >= k.key AND j.fair_key <= k.key
-          AND j.run_after <= now() AND {_SERIAL_TURN}
+          AND j.run_after <= now() AND {_SERIAL_TURN}{of_type}
         ORDER BY j.fair_key, j.priority DESC, j.run_after, j.id
         LIMIT k.share
         FOR UPDATE SKIP LOCKED
@@ -201,6 +232,19 @@ SELECT json_agg(json_build_array(c.id, c.type, c.queue, c.payload, c.attempts, c
                 ORDER BY h.rank, h.pos, c.priority DESC, c.run_after, c.id)::text
 FROM claimed AS c JOIN chosen AS h ON h.id = c.id
 """)
+
+
+CLAIM_FAIR = _claim_fair()
+
+# The batch top-up on a fair queue (store/batches.py, docs/batches.md): the same claim for the
+# one fair queue and one batch type, from the cursor the batch's own claim left, with no free
+# thread (%(threads)s 0: no job with a serial key, as CLAIM_MORE_OF_TYPE). A key is open when
+# it has a due job of the type; each key's jobs of other types are read past (as the plain
+# top-up reads past them in a shared queue). A batch is then filled round-robin by key, one job
+# of each waiting key before a second of any, not with one key's backlog in claim order.
+# Planned for each execution's values, as CLAIM_MORE_OF_TYPE (a plain str, not PlannedOnce):
+# it runs only when a claim brought a batch type's job, and its plan then knows the type.
+CLAIM_MORE_FAIR = str(_claim_fair(" AND j.type = %(type)s"))
 
 
 def fair_params(queues, fair, cursors):

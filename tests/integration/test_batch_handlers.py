@@ -270,6 +270,45 @@ def test_a_queue_concurrency_caps_a_batch_job_by_job(types, settings):
         worker.session.close()
 
 
+def test_a_batch_type_on_a_fair_queue_fills_its_batch_round_robin(types, settings):
+    """A batch type (batch_size=50) on a fair queue: tenant "big" has a backlog of 200, then 40
+    other tenants enqueue one job each. The worker's claim (2 threads + 2 prefetched) takes 4
+    keys round-robin, then the top-up goes on round-robin from there (store/fair.py
+    CLAIM_MORE_FAIR): every waiting tenant's job is in this batch of 50, and big's backlog
+    fills the rest (in claim order, once every key had its share). The plain top-up filled it
+    with 46 of big's jobs, and the 40 tenants waited for 10 more claims."""
+    from django_dbqueue import enqueue
+    from django_dbqueue.worker import Worker
+    from tests.integration.conftest import FAST
+
+    settings.DBQUEUE = {**FAST, "QUEUES": {"default": {}, "emails": {}, "tenants": {"fair": True}}}
+
+    @types("index-fair", batch_size=50, queue="tenants", fair_key=lambda p: p["tenant"])
+    def index(batch):
+        pass
+
+    big = [j.id for j in enqueue_many([("index-fair", {"tenant": "big"}) for _ in range(200)])]
+    singles = {enqueue("index-fair", {"tenant": f"t{i:02}"}).id for i in range(40)}
+    worker = Worker(concurrency=2, queues=["tenants"])
+    worker.pool.submit = lambda units: None  # look at what the pool would get
+    try:
+        claim(worker)
+        held = worker.inflight.snapshot()
+        batch_ids = {e.ctx.id for e in held}
+        assert len(held) == 50 and len({e.batch for e in held}) == 1
+        served = len(singles & batch_ids)
+        assert served == 40, (
+            f"the batch of 50 holds {served} of the 40 waiting tenants' jobs and "
+            f"{50 - served} of big's backlog"
+        )
+        # big's ten are its first ten in claim order, under the claim's one lease token.
+        assert sorted(batch_ids - singles) == big[:10]
+        tokens = "SELECT count(DISTINCT lease_token) FROM dbqueue_job WHERE state = 'running'"
+        assert scalar(tokens) == 1
+    finally:
+        worker.session.close()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -383,7 +383,7 @@ def test_the_fair_claim_planned_once_fits_a_small_and_a_large_table(fair_setting
         assert len(claimed) == 5 and len(set(keys_of(claimed))) == 5
         generic = explained.session.execute(
             "SELECT generic_plans FROM pg_prepared_statements WHERE statement LIKE %(m)s",
-            {"m": "%walk (queue, lim, cursor, pos, key, phase)%"},
+            {"m": "%walk (queue, lim, cursor, pos, key, phase, served, open)%"},
         )
         assert generic and generic[0][0] == 8
     finally:
