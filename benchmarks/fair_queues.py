@@ -14,6 +14,11 @@ backlog (jobs / (last finished_at - first started_at)). The sides alternate, rot
 
 ``--claims``: also time the fair claim statement itself (EXPLAIN ANALYZE, rolled back, batch
 of 50) on a queue with 1, 100 and 10,000 keys, and the plain claim beside it.
+
+``--blocked``: time the claim of 50 (50 free threads) on a queue where N keys (100, 1,000,
+10,000) each have a job running and two waiting for their serial turn (serial key = fair key),
+sorted before 100 free keys of one job each: the fair walk passes over the blocked keys (each
+read once, as the plain claim reads their blocked jobs), and how many jobs each claim took.
 """
 
 from __future__ import annotations
@@ -149,6 +154,58 @@ def time_claims(env):
         print(f"{keys:>7,} {figures['fair']:22.2f} {figures['plain']:9.2f}")
 
 
+BLOCKED = """
+INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after, attempts,
+                         max_attempts, lease_seconds, errors, created_at, fair_key, serial_key,
+                         started_at, leased_until, worker_id, lease_token)
+SELECT 'bench-noop', 'tenants', '{}', CASE WHEN s = 0 THEN 'running' ELSE 'pending' END, 0,
+       now(), (s = 0)::int, 10, 60, '[]', now(), 'b' || lpad(g::text, 5, '0'),
+       'b' || lpad(g::text, 5, '0'), CASE WHEN s = 0 THEN now() END,
+       CASE WHEN s = 0 THEN now() + interval '1 hour' END,
+       CASE WHEN s = 0 THEN 'other' END, CASE WHEN s = 0 THEN 7 END
+FROM generate_series(1, %(keys)s) AS g, generate_series(0, 2) AS s
+ORDER BY g, s
+"""
+
+
+def time_blocked(env):
+    """The claim of 50 with N keys blocked on their serial turn ahead of 100 free keys."""
+    from django_dbqueue import store
+
+    print("\nclaim of 50 (50 threads), N keys each with 1 job running and 2 waiting their serial")
+    print("turn, sorted before 100 free keys of 1 job each")
+    print(f"{'keys':>7} {'fair ms':>8} {'fair got':>9} {'plain ms':>9} {'plain got':>10}")
+    for keys in (100, 1_000, 10_000):
+        env.reset()
+        env.admin.execute(BLOCKED, {"keys": keys})
+        for i in range(100):
+            env.admin.execute(ONE, {"queue": "tenants", "key": f"f{i:04}"})
+        env.admin.execute("VACUUM ANALYZE dbqueue_job")
+        figures = {}
+        for side, fair in (("fair", [True]), ("plain", None)):
+            statement, params = store.claim_statement(
+                worker_id="b",
+                queues=["tenants"],
+                limits=[50],
+                limit=50,
+                token=1,
+                threads=50,
+                fair=fair,
+                cursors={"tenants": ""},
+            )
+            times, got = [], 0
+            for _ in range(5):
+                with env.admin.transaction(force_rollback=True):
+                    rows = env.admin.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+                    times.append(rows.fetchone()[0][0]["Execution Time"])
+                    got = env.admin.execute(
+                        "SELECT count(*) FROM dbqueue_job WHERE worker_id = 'b'"
+                    ).fetchone()[0]
+            figures[side] = (statistics.median(times), got)
+        (fair_ms, fair_got), (plain_ms, plain_got) = figures["fair"], figures["plain"]
+        print(f"{keys:>7,} {fair_ms:8.2f} {fair_got:9} {plain_ms:9.2f} {plain_got:10}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backlog", type=int, default=50_000)
@@ -157,6 +214,7 @@ def main(argv=None):
     parser.add_argument("--database", default="dbqueue_bench_fair")
     parser.add_argument("--deadline", type=float, default=300.0)
     parser.add_argument("--claims", action="store_true")
+    parser.add_argument("--blocked", action="store_true")
     args = parser.parse_args(argv)
     args.synchronous_commit, args.django_prepared = "server", False
     db = bench.bench_database(args)
@@ -177,19 +235,24 @@ def main(argv=None):
                     f"max {run['max']:7.3f} s; drain {run['jobs_per_s']:8,.0f} jobs/s",
                     flush=True,
                 )
-        print()
-        print(f"{'side':>6} {'p50 wait s':>11} {'max wait s':>11} {'drain jobs/s':>13}")
-        for side, runs in results.items():
-            print(
-                f"{side:>6} {statistics.median(r['p50'] for r in runs):11.3f} "
-                f"{statistics.median(r['max'] for r in runs):11.3f} "
-                f"{statistics.median(r['jobs_per_s'] for r in runs):13,.0f}"
-            )
-        fair_rate = statistics.median(r["jobs_per_s"] for r in results["fair"])
-        plain_rate = statistics.median(r["jobs_per_s"] for r in results["plain"])
-        print(f"drain fair / plain: {fair_rate / plain_rate:.2f}x")
+        if not args.repeat:  # --repeat 0: the statement timings only
+            results = {}
+        if results:
+            print()
+            print(f"{'side':>6} {'p50 wait s':>11} {'max wait s':>11} {'drain jobs/s':>13}")
+            for side, runs in results.items():
+                print(
+                    f"{side:>6} {statistics.median(r['p50'] for r in runs):11.3f} "
+                    f"{statistics.median(r['max'] for r in runs):11.3f} "
+                    f"{statistics.median(r['jobs_per_s'] for r in runs):13,.0f}"
+                )
+            fair_rate = statistics.median(r["jobs_per_s"] for r in results["fair"])
+            plain_rate = statistics.median(r["jobs_per_s"] for r in results["plain"])
+            print(f"drain fair / plain: {fair_rate / plain_rate:.2f}x")
         if args.claims:
             time_claims(env)
+        if args.blocked:
+            time_blocked(env)
     return 0
 
 

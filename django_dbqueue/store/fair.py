@@ -58,9 +58,12 @@ _KEYLESS_POS = 1_000_000_000
 # - Jobs with no key at all (NULL: written by dbqueue_enqueue() in SQL, or before
 #   the queue was made fair) are in no fair index. They are one more key, last in the walk,
 #   found among the queue's first (its limit) due pending jobs in claim order that may start
-#   (keyless_head: the claim index, read as CLAIM_JOBS reads it, passing over the jobs that
-#   wait for their serial turn with dbqueue_serial_free(), no row locked): such a job is
-#   claimed when a plain claim would take it, no later, even behind a blocked serial backlog. A claim that finds none pays that short scan. Each
+#   (keyless_head: the claim index, read as CLAIM_JOBS reads it, no row locked): such a job is
+#   claimed when a plain claim would take it, no later, even behind a blocked serial backlog.
+#   The look passes over every job with a serial key and a fair key (those are the walk's,
+#   which asks for their turn), so that a blocked backlog costs it a heap read per job and no
+#   turn test; a keyless job with a serial key is asked with dbqueue_serial_free(). (Passing
+#   over a keyed job that might start only brings a keyless job forward, never later.) A claim that finds none pays that short scan. Each
 #   is then locked by its primary key, one probe per job (keyless): a single scan of
 #   "id = ANY(...)" was planned, on an empty table, as a read of the claim index filtering on
 #   the ids, which read the whole backlog.
@@ -103,7 +106,8 @@ keyless_head AS MATERIALIZED (
         SELECT j.id, j.fair_key
         FROM dbqueue_job AS j
         WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
-          AND {_SERIAL_FREE}{of_type}
+          AND (CASE WHEN j.fair_key IS NULL THEN {_SERIAL_FREE}
+                    ELSE j.serial_key IS NULL END){of_type}
         ORDER BY j.priority DESC, j.run_after, j.id
         LIMIT q.lim
     ) AS h
