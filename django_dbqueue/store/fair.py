@@ -35,8 +35,9 @@ _KEYLESS_POS = 1_000_000_000
 #   branch is one index range, never a filter that would read on past the cursor.)
 # - A key is open when one of its due jobs may start: no serial key, or (for a free thread)
 #   its serial key's turn, asked with dbqueue_serial_free() (no lock taken, nothing
-#   remembered: the fetch below asks dbqueue_serial_turn() for the jobs it takes). It reads the
-#   key's jobs in claim order up to the first that may start: for a key whose due jobs all wait
+#   remembered: the fetch below asks dbqueue_serial_turn() for the jobs it takes). The job the
+#   key probe found settles it when it has no serial key (ready: no second look); otherwise
+#   the look (s) reads the key's jobs in claim order up to the first that may start: for a key whose due jobs all wait
 #   for their serial turn, all of them, as the plain claim reads a blocked backlog. A key that
 #   is not open takes no place among the limit's keys and gives no job: keys whose jobs wait
 #   for their turn (a tenant's serial key while its job runs) cannot fill the walk and leave
@@ -73,6 +74,8 @@ _KEYLESS_POS = 1_000_000_000
 #   not-due entries of a key, and a queue whose keys hold many jobs scheduled for later pays
 #   for reading past them.
 def _claim_fair(of_type=""):
+    # The job a key probe found may start as it is (no serial key, of the type asked for).
+    _READY = f"(j.serial_key IS NULL{of_type})"
     return PlannedOnce(f"""
 WITH RECURSIVE commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
@@ -130,24 +133,24 @@ walk (queue, lim, cursor, pos, key, phase, served, open) AS (
     WHERE q.fair
   UNION ALL
     SELECT w.queue, w.lim, w.cursor, w.pos + 1, n.key, n.phase,
-           w.served + (s.id IS NOT NULL)::int, s.id IS NOT NULL
+           w.served + (n.ready OR s.id IS NOT NULL)::int, n.ready OR s.id IS NOT NULL
     FROM walk AS w
     CROSS JOIN LATERAL (
-        (SELECT j.fair_key AS key, 0 AS phase
+        (SELECT j.fair_key AS key, 0 AS phase, {_READY} AS ready
          FROM dbqueue_job AS j
          WHERE w.phase = 0 AND j.state = 'pending' AND j.fair_key IS NOT NULL
            AND j.queue = w.queue AND j.fair_key > w.key AND j.run_after <= now()
          ORDER BY j.fair_key
          LIMIT 1)
         UNION ALL
-        (SELECT j.fair_key, 1
+        (SELECT j.fair_key, 1, {_READY}
          FROM dbqueue_job AS j
          WHERE w.phase = 0 AND j.state = 'pending' AND j.fair_key IS NOT NULL
            AND j.queue = w.queue AND j.fair_key <= w.cursor AND j.run_after <= now()
          ORDER BY j.fair_key
          LIMIT 1)
         UNION ALL
-        (SELECT j.fair_key, 1
+        (SELECT j.fair_key, 1, {_READY}
          FROM dbqueue_job AS j
          WHERE w.phase = 1 AND j.state = 'pending' AND j.fair_key IS NOT NULL
            AND j.queue = w.queue AND j.fair_key > w.key AND j.fair_key <= w.cursor
@@ -159,7 +162,7 @@ walk (queue, lim, cursor, pos, key, phase, served, open) AS (
     LEFT JOIN LATERAL (
         SELECT j.id
         FROM dbqueue_job AS j
-        WHERE j.state = 'pending' AND j.fair_key IS NOT NULL
+        WHERE NOT n.ready AND j.state = 'pending' AND j.fair_key IS NOT NULL
           AND j.queue = w.queue AND j.fair_key >= n.key AND j.fair_key <= n.key
           AND j.run_after <= now() AND {_SERIAL_FREE}{of_type}
         ORDER BY j.fair_key, j.priority DESC, j.run_after, j.id
