@@ -2,8 +2,8 @@
 (docs/batches.md). Only a worker whose claim returned a job of a batch type runs it; the plain
 claim (store/claiming.py) is not changed by batch handlers."""
 
+from . import fair as fair_claim
 from ._db import _commit, int_array, text_array
-from .fair import CLAIM_MORE_FAIR
 
 # More jobs of one batch type from one queue, under the claim's lease token, so that a batch
 # handler gets up to its batch_size per call rather than what one claim's free slots held.
@@ -18,7 +18,7 @@ from .fair import CLAIM_MORE_FAIR
 # - Not used under fleet-wide limits: every job a limit counts is claimed through
 #   dbqueue_claim_within_limits(), which the worker then calls as usual.
 # - The rows come back as CLAIM_JOBS's do (one JSON array), read by claimed_rows().
-# - On a fair queue (docs/fairness.md) the top-up is CLAIM_MORE_FAIR (store/fair.py) instead:
+# - On a fair queue (docs/fairness.md) the top-up is fair.CLAIM_MORE_FAIR (planned once) instead:
 #   round-robin by fair key from the worker's cursor, so that one key's backlog does not fill
 #   the batch ahead of the other keys' jobs.
 CLAIM_MORE_OF_TYPE = """
@@ -76,7 +76,7 @@ def claim_more_statement(
     }
     if fair_cursor is None:
         return CLAIM_MORE_OF_TYPE, params
-    return CLAIM_MORE_FAIR, {
+    return fair_claim.CLAIM_MORE_FAIR, {
         **params,
         "queues": text_array([queue]),
         "limits": int_array([limit]),

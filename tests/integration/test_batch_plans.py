@@ -90,3 +90,71 @@ def test_a_paused_queue_gives_the_top_up_nothing():
         explained.close()
     assert len(store.claimed_rows(rows)) == 0
     assert scalar("SELECT count(*) FROM dbqueue_job WHERE state = 'running'") == 0
+
+
+def fill_fair(big, keys):
+    """A fair queue's backlog: ``big`` jobs of one key, then one job of each of ``keys`` keys,
+    every one of the batch type."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO dbqueue_job (type, queue, payload, state, priority, run_after,
+                   attempts, max_attempts, lease_seconds, errors, created_at, fair_key)
+               SELECT 'noop', 'default', '{}', 'pending', 0, now(), 0, 10, 60, '[]', now(),
+                      CASE WHEN g <= %(big)s THEN 'big' ELSE 'k' || lpad(g::text, 6, '0') END
+               FROM generate_series(1, %(n)s) AS g""",
+            {"big": big, "n": big + keys},
+        )
+
+
+@pytest.mark.parametrize("state", ["stale", "backlog"])
+def test_the_fair_top_up_walks_the_fair_index_not_the_backlog(state):
+    """The top-up on a fair queue (CLAIM_MORE_FAIR, store/fair.py): round-robin from the cursor,
+    planned for its values; it reads about the keys it serves, not one key's 20,000 jobs."""
+    from tests.integration.test_fair_queues import _rows_read
+
+    if state == "stale":
+        analyze()
+    fill_fair(20_000, 300)
+    if state == "backlog":
+        analyze()
+    explained = Explained()
+    try:
+        cursor = ""
+        for _ in range(3):
+            rows, plan = explained.run(
+                *store.claim_more_statement(
+                    worker_id="plans",
+                    queue="default",
+                    job_type="noop",
+                    limit=50,
+                    token=store.new_token(),
+                    fair_cursor=cursor,
+                )
+            )
+            claimed = store.claimed_rows(rows)
+            assert len(claimed) == 50
+            keys = [row.fair_key for row in claimed]
+            assert len(set(keys)) == 50, keys  # one job of each of 50 keys
+            cursor = max(row.fair_key for row in claimed if row.fair_key != "big")
+    finally:
+        explained.close()
+    assert ("Seq Scan", "dbqueue_job", None) not in scans(plan), _seq_scans(plan)
+    assert _rows_read(plan) < 1_000, _rows_read(plan)
+
+
+def _seq_scans(plan, where="top"):
+    """Where ``plan`` reads dbqueue_job whole: the names of the CTEs and loops it happens in."""
+    where = plan.get("Subplan Name", where)
+    found = []
+    if plan["Node Type"] == "Seq Scan" and plan.get("Relation Name") == "dbqueue_job":
+        found.append(
+            (
+                where,
+                plan.get("Filter"),
+                plan.get("Actual Loops"),
+                plan.get("Rows Removed by Filter"),
+            )
+        )
+    for child in plan.get("Plans", ()):
+        found.extend(_seq_scans(child, where))
+    return found

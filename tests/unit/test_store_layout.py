@@ -45,7 +45,12 @@ def test_only_the_claims_and_the_completion_are_planned_once():
             for name, value in vars(module).items()
             if isinstance(value, PlannedOnce)
         }
-    assert planned == {"claiming.CLAIM_JOBS", "completion.COMPLETE_JOBS", "fair.CLAIM_FAIR"}
+    assert planned == {
+        "claiming.CLAIM_JOBS",
+        "completion.COMPLETE_JOBS",
+        "fair.CLAIM_FAIR",
+        "fair.CLAIM_MORE_FAIR",
+    }
     # Derived text (an EXPLAIN prefix, a replace()) is planned for its own values.
     assert type("EXPLAIN " + store.claiming.CLAIM_JOBS) is str
 
