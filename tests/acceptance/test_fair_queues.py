@@ -123,3 +123,35 @@ def test_tenants_start_within_the_bound_behind_a_backlog_through_a_kill_9(start_
     # The jobs A held when it died, back through the sweeper once; no other job ran twice.
     assert retried and all(r == (2, "LeaseExpired") for r in retried), retried
     worker_b.assert_alive()
+
+
+def test_an_idle_worker_runs_a_free_tenants_job_while_other_tenants_wait_their_serial_turn(
+    start_worker, settings
+):
+    """Tenants a..f each have a long job running on worker A (serial key = tenant) and one more
+    waiting for its turn; tenant g then enqueues one job. Worker B, idle, with one thread, runs
+    g's job at once: its fair claims pass over the six blocked tenants (before the fix they
+    walked as many blocked keys as they had slots, claimed nothing, and never reached g). The
+    waiting jobs stay pending while their tenant's job runs."""
+    settings.DBQUEUE = FAIR_DBQUEUE
+    running, waiting = [], []
+    for tenant in "abcdef":
+        payload = {"tenant": tenant, "seconds": 20}
+        running.append(enqueue("fair-work", payload, queue="tenants", serial_key=tenant).id)
+        waiting.append(enqueue("fair-work", payload, queue="tenants", serial_key=tenant).id)
+    # A takes the six and nothing more (--max-jobs: no prefetch of g beside them).
+    worker_a = start_worker(
+        "--queues", "tenants", "--concurrency", "6", "--max-jobs", "6", settings=FAIR, name="A"
+    )
+    wait_all_in_state(running, "running", timeout=30)
+    g = enqueue("fair-work", {"tenant": "g", "seconds": 0}, queue="tenants").id
+    worker_b = start_worker("--queues", "tenants", "--concurrency", "1", settings=FAIR, name="B")
+    wait_all_in_state([g], "done", timeout=15)
+    [(claimed_by,)] = rows("SELECT worker_id FROM dbqueue_job WHERE id = %s", [g])
+    assert f":{worker_b.pid}:" in claimed_by, claimed_by
+    states = rows(
+        "SELECT state, count(*) FROM dbqueue_job WHERE id = ANY(%s) GROUP BY 1", [waiting]
+    )
+    assert states == [("pending", 6)], states
+    worker_a.assert_alive()
+    worker_b.assert_alive()
