@@ -86,3 +86,25 @@ def _execute_no_rows(using, statement, params):
 
 def _commit(async_commit):
     return "off" if async_commit else None
+
+
+# The lease a claim writes on the jobs it chose (the CTE ``chosen``, ids only), under the
+# statement's commit mode, and the columns every claim returns (ClaimedRow's, in
+# store/claiming.py): the one place a claim takes a job, shared by the plain claim, the fair
+# claim and the batch top-up. ``extra``: more columns to return (", j.fair_key").
+def claimed_cte(extra=""):
+    return f"""claimed AS (
+    UPDATE dbqueue_job AS j
+    SET state = 'running',
+        attempts = j.attempts + 1,
+        worker_id = %(worker)s,
+        lease_token = %(token)s,
+        started_at = now(),
+        leased_until = now() + j.lease_seconds * interval '1 second'
+    FROM commit_mode
+    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
+    RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
+              j.idempotency_key, j.priority, j.created_at,
+              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
+              j.serial_key IS NOT NULL AS keyed{extra}
+)"""

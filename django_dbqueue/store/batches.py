@@ -3,7 +3,7 @@
 claim (store/claiming.py) is not changed by batch handlers."""
 
 from . import fair as fair_claim
-from ._db import _commit, int_array, text_array
+from ._db import _commit, claimed_cte, int_array, text_array
 
 # More jobs of one batch type from one queue, under the claim's lease token, so that a batch
 # handler gets up to its batch_size per call rather than what one claim's free slots held.
@@ -21,7 +21,7 @@ from ._db import _commit, int_array, text_array
 # - On a fair queue (docs/fairness.md) the top-up is fair.CLAIM_MORE_FAIR (planned once) instead:
 #   round-robin by fair key from the worker's cursor, so that one key's backlog does not fill
 #   the batch ahead of the other keys' jobs.
-CLAIM_MORE_OF_TYPE = """
+CLAIM_MORE_OF_TYPE = f"""
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
@@ -36,21 +36,7 @@ chosen AS MATERIALIZED (
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ),
-claimed AS (
-    UPDATE dbqueue_job AS j
-    SET state = 'running',
-        attempts = j.attempts + 1,
-        worker_id = %(worker)s,
-        lease_token = %(token)s,
-        started_at = now(),
-        leased_until = now() + j.lease_seconds * interval '1 second'
-    FROM commit_mode
-    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
-    RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
-              j.idempotency_key, j.priority, j.created_at,
-              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
-              j.serial_key IS NOT NULL AS keyed
-)
+{claimed_cte()}
 SELECT json_agg(json_build_array(id, type, queue, payload, attempts, max_attempts,
                                  lease_seconds, idempotency_key, priority, created_at, wait,
                                  traceparent, keyed)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..connections import PlannedOnce
 from . import fair as fair_claim
-from ._db import _commit, _execute, int_array, text_array
+from ._db import _commit, _execute, claimed_cte, int_array, text_array
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +128,7 @@ def claim(
 #   candidates cost as much again, so the worker infers the cut instead.)
 # Planned once per session (connections.PlannedOnce): its plan does not depend on the values
 # (the claim index for each queue, the primary key for the update).
-CLAIM_JOBS = PlannedOnce("""
+CLAIM_JOBS = PlannedOnce(f"""
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
@@ -161,21 +161,7 @@ chosen AS MATERIALIZED (
      ORDER BY c.priority DESC, c.run_after, c.id
      LIMIT %(threads)s)
 ),
-claimed AS (
-    UPDATE dbqueue_job AS j
-    SET state = 'running',
-        attempts = j.attempts + 1,
-        worker_id = %(worker)s,
-        lease_token = %(token)s,
-        started_at = now(),
-        leased_until = now() + j.lease_seconds * interval '1 second'
-    FROM commit_mode
-    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
-    RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
-              j.idempotency_key, j.priority, j.created_at,
-              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
-              j.serial_key IS NOT NULL AS keyed
-)
+{claimed_cte()}
 SELECT json_agg(json_build_array(id, type, queue, payload, attempts, max_attempts,
                                  lease_seconds, idempotency_key, priority, created_at, wait,
                                  traceparent, keyed)

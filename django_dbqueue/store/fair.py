@@ -4,7 +4,7 @@ job. A worker without a fair queue never runs it: its claim is ``CLAIM_JOBS``, a
 
 from ..conf import SHARED_FAIR_KEY
 from ..connections import PlannedOnce
-from ._db import text_array
+from ._db import claimed_cte, text_array
 
 # The serial-key rule of CLAIM_JOBS (store/claiming.py explains it), the same in both claims.
 _SERIAL_TURN = (
@@ -218,21 +218,7 @@ chosen AS MATERIALIZED (
      ORDER BY c.rank, c.pos, c.priority DESC, c.run_after, c.id
      LIMIT %(threads)s)
 ),
-claimed AS (
-    UPDATE dbqueue_job AS j
-    SET state = 'running',
-        attempts = j.attempts + 1,
-        worker_id = %(worker)s,
-        lease_token = %(token)s,
-        started_at = now(),
-        leased_until = now() + j.lease_seconds * interval '1 second'
-    FROM commit_mode
-    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
-    RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
-              j.idempotency_key, j.priority, j.created_at,
-              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
-              j.serial_key IS NOT NULL AS keyed, j.fair_key
-)
+{claimed_cte(", j.fair_key")}
 SELECT json_agg(json_build_array(c.id, c.type, c.queue, c.payload, c.attempts, c.max_attempts,
                                  c.lease_seconds, c.idempotency_key, c.priority, c.created_at,
                                  c.wait, c.traceparent, c.keyed, c.fair_key, h.pos)
