@@ -367,19 +367,38 @@ _PLAN_MODE = {
 # Side connections of delivery records -----------------------------------------------------------
 
 _side = threading.local()
+_redirected = threading.local()  # side_statements_to(): where this thread's side statements go
+
+
+@contextlib.contextmanager
+def side_statements_to(execute):
+    """While inside, this thread's side statements that would open a side connection (inside a
+    transaction) run as ``execute(using, statement, params)`` instead. django_dbqueue.testing
+    runs them in a test's own transaction: a side connection could neither see the test's
+    uncommitted jobs nor have its commits rolled back with the test."""
+    previous = getattr(_redirected, "execute", None)
+    _redirected.execute = execute
+    try:
+        yield
+    finally:
+        _redirected.execute = previous
 
 
 def side_execute(using, statement, params):
     """Run on a connection whose commit is independent of any transaction the caller has open.
 
     Outside a transaction that is the thread's Django connection (autocommit). Inside one (an
-    atomic handler, a view's ``transaction.atomic()``), a side connection owned by this thread.
+    atomic handler, a view's ``transaction.atomic()``), a side connection owned by this thread
+    (or where ``side_statements_to()`` sends it).
     """
     connection = connections[using]
     if not connection.in_atomic_block:
         with connection.cursor() as cursor:
             cursor.execute(statement, params)
             return cursor.fetchall()
+    redirect = getattr(_redirected, "execute", None)
+    if redirect is not None:
+        return redirect(using, statement, params)
     side = getattr(_side, using, None)
     if side is None or side.closed:
         side = connect(using)

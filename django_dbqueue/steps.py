@@ -13,6 +13,7 @@ step's return and its record's commit runs the step again, so an external effect
 still wants a delivery record (deliveries.py). docs/steps.md has the guarantees and their limits.
 """
 
+import contextlib
 import datetime
 import json
 import threading
@@ -176,8 +177,29 @@ def _outside_batches(ctx, where):
         )
 
 
+# Per database alias, how many atomic blocks were open on this thread's connection when the runs
+# began and are not theirs: the test transaction that django_dbqueue.testing runs jobs inside
+# (outer_transaction()). None under a worker, whose runs begin outside any transaction.
+_outer = threading.local()
+
+
+@contextlib.contextmanager
+def outer_transaction(using):
+    """While inside, the atomic blocks open now on ``using`` are not the runs' own: a durable
+    wait is refused only inside a transaction a run opened (an atomic handler's)."""
+    depths = getattr(_outer, "depths", {})
+    _outer.depths = {**depths, using: len(connections[using].atomic_blocks)}
+    try:
+        yield
+    finally:
+        _outer.depths = depths
+
+
 def _outside_transactions(ctx, where):
-    if connections[ctx.using].in_atomic_block:
+    connection = connections[ctx.using]
+    if connection.in_atomic_block and len(connection.atomic_blocks) > getattr(
+        _outer, "depths", {}
+    ).get(ctx.using, 0):
         raise InvalidArgument(
             f"{where} cannot wait inside a transaction (an atomic handler, or "
             "transaction.atomic()): the run ends at the wait, and the transaction would roll "

@@ -91,16 +91,27 @@ from .steps import (
     save_step,
     signal_job,
 )
+from .testing import (
+    AliasSession,
+    advance_clock,
+    apply_at_commit,
+    find_jobs,
+    hold_other_types,
+    release_held,
+)
 from .workers import announce_worker, forget_expired_workers, live_workers, withdraw_worker
 from .workflows import dependency_results, insert_workflow, workflow_neighbours
 
 __all__ = [
+    "AliasSession",  # django_dbqueue.testing runs the acknowledger's writes through it
     "ClaimedRow",  # imported by a process-mode child (processes.py)
     "StoredEntry",
+    "advance_clock",
     "advance_schedule",
     "advance_schedule_entry",
     "announce_worker",
     "applied_migrations",
+    "apply_at_commit",
     "begin_delivery",
     "cancel",
     "claim",
@@ -133,8 +144,10 @@ __all__ = [
     "extend_leases",
     "fail",
     "fail_job",
+    "find_jobs",
     "flow_state",
     "forget_expired_workers",
+    "hold_other_types",
     "ids_by_keys",
     "insert_job",
     "insert_jobs",
@@ -163,6 +176,7 @@ __all__ = [
     "read_signal",
     "release",
     "release_ending",
+    "release_held",
     "release_unknown",
     "replay_event",
     "request_cancel",

@@ -105,6 +105,7 @@ from . import (  # noqa: E402, F401 - registers their job types
     hung_jobs,
     process_jobs,
     step_jobs,
+    testing_jobs,
 )
 
 
