@@ -253,7 +253,7 @@ class Workers:
 
 
 def wait_for_runs(workers, expected, args):
-    """Until ``expected`` runs are counted; False when the count stalls for ``--stall`` seconds
+    """Until ``expected`` keys have run; False when the count stalls for ``--stall`` seconds
     or the run passes ``--deadline`` (the check then says what is missing)."""
     progress = celery_count.Progress(workers.counts)
     stop_at = time.monotonic() + args.deadline

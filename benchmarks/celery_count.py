@@ -124,24 +124,25 @@ def tally(directory):
 
 
 class Progress:
-    """How many lines the handlers have written so far, read incrementally (only what is new
-    since the last look), so that watching a drain costs the machine next to nothing."""
+    """How many distinct keys have run so far, read incrementally (only the lines written since
+    the last look), so that watching a drain costs the machine next to nothing. Distinct keys,
+    not lines: a repeated run must not pass for the one still missing."""
 
     def __init__(self, directory):
         self.directory = Path(directory)
         self.offsets = {}
-        self.lines = 0
+        self.keys = set()
 
     def count(self):
         for path in self.directory.glob("*.log"):
             with open(path, "rb") as f:
                 f.seek(self.offsets.get(path, 0))
                 new = f.read()
-            # Only whole lines: a line being written is counted at the next look.
+            # Only whole lines: a line being written is read at the next look.
             whole = new.rfind(b"\n") + 1
-            self.lines += new.count(b"\n", 0, whole)
+            self.keys.update(line.split(b" ", 1)[0] for line in new[:whole].splitlines())
             self.offsets[path] = self.offsets.get(path, 0) + whole
-        return self.lines
+        return len(self.keys)
 
 
 @dataclass(frozen=True)
