@@ -557,7 +557,10 @@ def describe(result):
         if "p50" in result
         else f"{result['value']:,.0f}/s"
     )
-    return f"{figures}; {result['check'].describe()}, left {result['left']}"
+    return (
+        f"{figures}; {result['check'].describe()}, left {result['left']}; "
+        f"load {result.get('load', '?')}"
+    )
 
 
 def parse_args(argv=None):
@@ -641,6 +644,11 @@ def main(argv=None):
         began = time.monotonic()
         for round_ in range(args.rounds):
             order = args.sides[round_ % len(args.sides) :] + args.sides[: round_ % len(args.sides)]
+            print(
+                f"round {round_ + 1}: commit {env.commit_ms():.2f} ms, "
+                f"load average {os.getloadavg()[0]:.2f}, sides in the order {', '.join(order)}",
+                flush=True,
+            )
             for label, function, argument, _what in runs:
                 for side in order:
                     run_dir = log_dir / f"round{round_ + 1}" / f"{label}-{side}"
@@ -650,6 +658,7 @@ def main(argv=None):
                         result = function(ctx, side, run_dir, extra)
                     except bench.InvalidRun as exc:
                         result = {"invalid": str(exc)}
+                    result["load"] = round(os.getloadavg()[0], 2)  # the machine, as it ended
                     results[label][side].append(result)
                     print(
                         f"  round {round_ + 1} {label:>7} {side:>15}: {describe(result)}",
