@@ -442,6 +442,7 @@ def run_wakeup(ctx, side, run_dir, starts):
     """``--wakeups`` jobs handed off one at a time to an idle worker, after one untimed."""
     n = ctx.args.wakeups
     prepare(ctx, side)
+    out_of_turn = None
     with running(Workers(ctx, side, 1, run_dir, starts_port=starts.port)) as workers:
         workers.wait_ready()
         producer = Producer(ctx, side, workers.counts)
@@ -449,13 +450,22 @@ def run_wakeup(ctx, side, run_dir, starts):
             producer.commit(-1)  # the first job after start-up: not timed
             if (got := starts.get(timeout=30)[0]) != -1:
                 raise bench.InvalidRun(f"{side}: expected the warm-up job to start, got {got}")
-            figures = bench.time_wakeups(n, ctx.args.gap, producer, starts)
+            try:
+                figures = bench.time_wakeups(n, ctx.args.gap, producer, starts)
+            except bench.InvalidRun as exc:
+                # A start out of turn (a job run twice, or one never started): no figure, but
+                # the count of what was handed off still says which.
+                out_of_turn = str(exc)
         finally:
             if producer.proc.poll() is None:
                 producer.proc.kill()
-        complete = wait_for_runs(workers, n + 1, ctx.args)
-    result = finish(ctx, workers, range(-1, n), complete)
+        handed_off = sorted(producer.before) or [-1]
+        complete = wait_for_runs(workers, len(handed_off), ctx.args)
+    result = finish(ctx, workers, handed_off, complete)
     result.pop("tally")
+    if out_of_turn:
+        result["invalid"] = f"{out_of_turn}; {result['check'].describe()}"
+        return result
     from_call = [(starts.seen[s] - producer.before[s]) * 1000.0 for s in range(n)]
     result.update(
         p50=figures["p50"],
