@@ -50,11 +50,10 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # With late acks, a task whose acknowledgement cannot reach the broker (connection lost) is
 # cancelled, since the broker will deliver it again anyway; Celery 6 makes this the default.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
-# Messages each worker process reserves beyond the one it runs: Celery's default, 4 per child
-# process. The jobs are no-ops, so a prefetch is what lets a worker run at its speed, as our
-# worker's own prefetch does; Celery's docs advise 1 for long tasks with late acks (so that a
-# slow task does not hold others back), which would halve these figures or worse. The harness
-# overrides it with --celery-prefetch.
+# Messages each worker process reserves: Celery's default multiplier, 4 per child process, as our
+# worker runs with its default prefetch. Celery's Optimizing guide advises 1 for long tasks (so
+# that a slow task holds no others back) and much larger values (it names 64 and 128) for many
+# short tasks when throughput matters: the harness's --celery-prefetch sets it.
 CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("DBQUEUE_BENCH_PREFETCH", "4"))
 # Redis only: how long an unacknowledged message stays with a worker before Redis hands it to
 # another. Celery's default, 1 hour, stated: a task whose worker was killed runs again an hour
