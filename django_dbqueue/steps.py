@@ -209,10 +209,8 @@ def sleep(ctx, name, *, seconds=None, until=None):
     check_name(where, name, MAX_NAME - len(SLEEP))
     if until is None:
         seconds = _seconds(where, seconds)
-    elif not isinstance(until, datetime.datetime) or until.tzinfo is None:
-        raise InvalidArgument(
-            f"{where}: an aware datetime (with its time zone), got {validation.shown(until)}"
-        )
+    else:
+        validation.timestamp(until, f"{where}: when", error=InvalidArgument)
     _outside_batches(ctx, where)
     _outside_transactions(ctx, where)
     key = _runs(ctx).key(SLEEP + name)
