@@ -91,7 +91,10 @@ def _commit(async_commit):
 # The lease a claim writes on the jobs it chose (the CTE ``chosen``, ids only), under the
 # statement's commit mode, and the columns every claim returns (ClaimedRow's, in
 # store/claiming.py): the one place a claim takes a job, shared by the plain claim, the fair
-# claim and the batch top-up. ``extra``: more columns to return (", j.fair_key").
+# claim and the batch top-up. ``extra``: more columns to return (", j.fair_key"). The wait is a
+# difference of epochs, not of timestamps: a run_after of -infinity (a row written by hand) would
+# fail ``now() - run_after``, and with it every claim of the queue; this way it comes back as
+# "Infinity", which the client reads as a row it cannot read (store/claiming.py).
 def claimed_cte(extra=""):
     return f"""claimed AS (
     UPDATE dbqueue_job AS j
@@ -105,6 +108,6 @@ def claimed_cte(extra=""):
     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
     RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
               j.idempotency_key, j.priority, j.created_at,
-              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
-              j.serial_key IS NOT NULL AS keyed{extra}
+              (EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM j.run_after))::float8 AS wait,
+              j.traceparent, j.run_after, j.serial_key IS NOT NULL AS keyed{extra}
 )"""
