@@ -7,6 +7,8 @@ import contextlib
 
 from django.db import connections, transaction
 
+from ..validation import TIMESTAMP_MAX, TIMESTAMP_MIN
+
 
 def int_array(values):
     """A PostgreSQL array literal of ``values`` (ints), bound as one text parameter and cast
@@ -111,3 +113,22 @@ def claimed_cte(extra=""):
               (EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM j.run_after))::float8 AS wait,
               j.traceparent, j.run_after, j.serial_key IS NOT NULL AS keyed{extra}
 )"""
+
+
+# A timestamp of a row Python may not read back (one written by hand: year 200000, 4000 BC,
+# infinity): psycopg's typed value of it fails the fetch of the whole reply. Read for a person
+# (the admin, jobqueue_status) as two columns instead: the value inside validation.TIMESTAMP_MIN
+# ..MAX (which any time zone can show), else NULL; PostgreSQL's text of it outside, else NULL.
+# time_or_text() merges them back into one value.
+def time_columns(column):
+    inside = (
+        f"{column} BETWEEN '{TIMESTAMP_MIN.isoformat()}'::timestamptz "
+        f"AND '{TIMESTAMP_MAX.isoformat()}'::timestamptz"
+    )
+    return f"CASE WHEN {inside} THEN {column} END, CASE WHEN NOT ({inside}) THEN {column}::text END"
+
+
+def time_or_text(at, text):
+    """The two columns of :func:`time_columns` as one: a datetime, PostgreSQL's text (a str) of
+    a time Python cannot show, or None."""
+    return at if text is None else text
