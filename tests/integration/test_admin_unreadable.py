@@ -157,3 +157,18 @@ def test_jobqueue_status_prints_a_job_it_cannot_read(rows):
     data = json.loads(status("--job", str(rows["dead"]), "--json"))
     assert data["last_error"].startswith("unreadable: nested 1501 levels deep")
     assert "pending" in status()  # the queue's summary around them
+
+
+def test_a_step_record_python_cannot_read_is_shown_on_the_page_and_by_the_command(staff, rows):
+    sql(
+        f"INSERT INTO dbqueue_step (job_id, name, occurrence, attempt, result, finished_at) "
+        f"VALUES (%s, 'charge', 1, 1, {DIGITS}, '200000-01-01 00:00:00+00')",
+        [rows["dead"]],
+    )
+    html = page(staff, CHANGE, rows["dead"])
+    assert "charge" in html and html.count("200000-01-01 00:00:00+00 (out of range)") == 2
+    text = status("--job", str(rows["dead"]))
+    assert "finished 200000-01-01 00:00:00+00 (out of range)" in text
+    (step,) = json.loads(status("--job", str(rows["dead"]), "--json"))["steps"]
+    assert step["finished_at"] == "200000-01-01 00:00:00+00 (out of range)"
+    assert step["result"] == "unreadable: an integer of 5000 digits, more than Python reads (4300)"
