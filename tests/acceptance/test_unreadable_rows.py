@@ -14,7 +14,7 @@ from django_dbqueue import enqueue, enqueue_many
 from tests.acceptance.helpers import rows, wait_all_in_state, wait_for_listeners
 from tests.acceptance.settings_fair import FAIR_DBQUEUE
 from tests.acceptance.settings_fast import FAST_DBQUEUE
-from tests.integration.test_unreadable_rows import POISON
+from tests.poison import POISON
 from tests.utils import wait_until
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
@@ -90,7 +90,7 @@ def test_a_supervisors_child_survives_a_poison_row_and_is_not_restarted(start_wo
         timeout=30,
         message="two children",
     )
-    for kind in ("payload-5000-digits", "payload-1500-deep", "created_at-bc"):
+    for kind in ("payload-5000-digits", "payload-too-deep", "created_at-bc"):
         good, bad = claim_of_six(kind)
         assert_settled(good, bad, kind)
     assert STARTED.findall(supervisor.stdout()) == first  # no child died and was started again

@@ -15,6 +15,7 @@ from django.db import connection
 from django.urls import reverse
 
 from django_dbqueue import enqueue, publish
+from tests.poison import DEPTH, NESTED
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -57,7 +58,7 @@ def rows():
                created_at = '4000-01-01 00:00:00+00 BC', payload = {DIGITS}, result = {DIGITS},
                errors = jsonb_build_array(jsonb_build_object(
                    'attempt', 1, 'class', 'Boom', 'message', 'it broke', 'deep',
-                   (repeat('[', 1500) || repeat(']', 1500))::jsonb))
+                   {NESTED}))
            WHERE id = %s""",
         [made["dead"]],
     )
@@ -96,7 +97,7 @@ def test_each_jobs_page_answers_and_shows_what_it_cannot_read(staff, rows):
     html = page(staff, CHANGE, rows["dead"])
     assert "200000-01-01 00:00:00+00 (out of range)" in html  # finished_at
     assert "unreadable: an integer of 5000 digits, more than Python reads (4300)" in html
-    assert "unreadable: nested 1502 levels deep" in html  # the error history, in its list
+    assert f"unreadable: nested {DEPTH + 2} levels deep" in html  # the error history, in its list
     html = page(staff, CHANGE, rows["running"])
     assert html.count("(out of range)") == 2  # leased_until, cancel_requested_at
     html = page(staff, CHANGE, rows["ok"])
@@ -151,11 +152,11 @@ def test_jobqueue_status_prints_a_job_it_cannot_read(rows):
     text = status("--job", str(rows["run_after"]))
     assert "run after: 200000-01-01 00:00:00+00 (out of range)" in text
     text = status("--job", str(rows["dead"]))
-    assert "last error: unreadable: nested 1501 levels deep" in text
+    assert f"last error: unreadable: nested {DEPTH + 1} levels deep" in text
     data = json.loads(status("--job", str(rows["pending_bc"]), "--json"))
     assert data["run_after"] == "4000-01-01 00:00:00+00 BC (out of range)"
     data = json.loads(status("--job", str(rows["dead"]), "--json"))
-    assert data["last_error"].startswith("unreadable: nested 1501 levels deep")
+    assert data["last_error"].startswith(f"unreadable: nested {DEPTH + 1} levels deep")
     assert "pending" in status()  # the queue's summary around them
 
 
