@@ -25,6 +25,7 @@ from .exceptions import (
     Snooze,
     UnknownDatabase,
     UnknownJobType,
+    UnreadableJob,
     UnsupportedDatabase,
 )
 from .flow import UnknownQueue, pause_queue, resume_queue
@@ -63,6 +64,7 @@ __all__ = [
     "UnknownDatabase",
     "UnknownJobType",
     "UnknownQueue",
+    "UnreadableJob",
     "UnsupportedDatabase",
     "Workflow",
     "WorkflowJob",

@@ -70,6 +70,12 @@ class DBQueueBackend(BaseTaskBackend):
             from django.tasks.exceptions import InvalidTask
 
             raise InvalidTask(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        if task.run_after is not None:
+            from django.tasks.exceptions import InvalidTask
+
+            # A run_after out of Python's range (datetime.max at UTC-14 is year 10000) would be
+            # stored, and no page nor result could read the row back.
+            validation.timestamp(task.run_after, "run_after", error=InvalidTask)
         known = _known_tasks.get(task.module_path)
         # ``task.using(queue_name=..., priority=...)`` is a copy sharing the function: the task
         # as defined stays the known one (each row applies its own queue and priority to it).

@@ -15,6 +15,7 @@ from .conf import SHARED_FAIR_KEY
 from .connections import DB_ERRORS, OTHER_DB_ERRORS
 from .context import JobContext
 from .inflight import BatchRun, Entry
+from .outcomes import error_record
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -75,12 +76,14 @@ def claim(w, done=None):
             w.acks.report_done(w.session, done, store.completed_endings(completed))
     else:
         claimed = w.session.execute(*statement)
-    rows = store.claimed_rows(claimed)
+    rows = _read(w, claimed, token)
+    taken = _Taken(rows)
     if w.fair is not None and w.flow is None:
         next_cursors(w.fair_cursors, rows)
+    got = len(rows) + len(rows.unreadable)  # every job the claim took, readable or not
     w.timing.claimed(
         time.monotonic(),
-        got=len(rows),
+        got=got,
         asked=asked,
         threads=threads,
         keyed=rows.keyed,
@@ -92,9 +95,9 @@ def claim(w, done=None):
         jitter=random.uniform(0.0, 0.02),
     )
     w.claims += 1
-    if not rows:
+    if not got:
         w.empty_claims += 1
-    w.claimed_total += len(rows)
+    w.claimed_total += got
     entries = [_entry(w, row, token, sent) for row in rows]
     if rows.keyed:
         # A keyed job was claimed for a free thread: it goes first (a stable sort keeps the
@@ -103,18 +106,73 @@ def claim(w, done=None):
     units = entries
     if (sizes := registry.batch_sizes()) and rows and getattr(w.pool, "runs_batches", False):
         try:
-            entries, units = _batches(w, entries, sizes, token=token, sent=sent, threads=threads)
+            entries, units = _batches(
+                w, entries, sizes, token=token, sent=sent, threads=threads, taken=taken
+            )
         except BaseException:
             # The top-up failed after this claim committed: its jobs never reach this worker's
             # books, and the recovery after the reconnect hands them back (recover), unrun;
-            # so they do not count against max_jobs.
-            w.claimed_total -= len(rows)
+            # so they do not count against max_jobs (nor do its unreadable ones: handed back
+            # unfailed with the rest).
+            w.claimed_total -= got
             raise
     w.inflight.add(entries)
     w.pool.submit(units)
+    if taken.unreadable:
+        fail_unreadable(w, taken.unreadable, token)
     if rows and logger.isEnabledFor(logging.DEBUG):
         logger.debug("dbqueue claimed %d jobs: %s", len(rows), [r.id for r in rows])
     return len(rows), asked
+
+
+class _Taken:
+    """What one claim took under its token so far, top-ups included: the ids (left out of a top-up's
+    read back: store.read_claimed), and the rows Python cannot read, failed once the claim is
+    through (fail_unreadable)."""
+
+    def __init__(self, rows):
+        self.ids = set()
+        self.unreadable = []
+        self.add(rows)
+
+    def add(self, rows):
+        self.ids.update(row.id for row in rows)
+        self.ids.update(row.id for row, _ in rows.unreadable)
+        self.unreadable.extend(rows.unreadable)
+
+
+def _read(w, reply, token, known=()):
+    """The claimed rows of ``reply``: store.read_claimed (one decode, or row by row when that
+    fails: then logged), the unreadable ones in ``rows.unreadable``."""
+    rows = store.read_claimed(w.session, reply, worker_id=w.worker_id, token=token, known=known)
+    if rows.reread is not None:
+        logger.warning(
+            "dbqueue worker %s: a claim's reply did not decode (%s: %s); its %d jobs were read "
+            "back one by one, %d of them unreadable",
+            w.worker_id,
+            type(rows.reread).__name__,
+            _short(rows.reread),
+            len(rows) + len(rows.unreadable),
+            len(rows.unreadable),
+        )
+    return rows
+
+
+def _short(exc):
+    text = str(exc)
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def fail_unreadable(w, unreadable, token):
+    """Fail dead, through the acknowledgement buffer (fenced by ``token``, durable, its error in
+    the job's history, the job_dead signal), each ``(row, UnreadableJob)`` of a claim: the job
+    never runs and spends only the attempt its claim took. No other job of the claim is
+    touched."""
+    for row, exc in unreadable:
+        ctx = JobContext(row, worker_id=w.worker_id, using=w.using)
+        entry = Entry(ctx, token, None, keyed=row.keyed)
+        error = error_record(exc, attempt=row.attempt, worker_id=w.worker_id)
+        w.acks.fail(entry, error, delay=0.0, dead=True)
 
 
 def next_cursors(cursors, rows):
@@ -147,14 +205,15 @@ def _entry(w, row, token, sent):
     )
 
 
-def _batches(w, entries, sizes, *, token, sent, threads):
+def _batches(w, entries, sizes, *, token, sent, threads, taken):
     """Group the claimed jobs of batch types (docs/batches.md) into BatchRuns of up to their
     type's batch_size, each run one unit of work (one thread, one slot). While threads are free,
     a run that is not full is topped up with more due jobs of its type from its queue (the
     top-up claim, store/batches.py), so that a batch fills; never under fleet-wide limits (each
     job a limit counts goes through its claim), nor past a queue's own ``concurrency``, which
     counts a batch's jobs one by one. Returns ``(entries, units)``: every job claimed, and what
-    the pool runs, in claim order (a batch where its first job was)."""
+    the pool runs, in claim order (a batch where its first job was). ``taken``: what the claim
+    took so far (each top-up adds to it)."""
     groups = {}
     for entry in entries:
         if entry.ctx.type in sizes:
@@ -170,7 +229,9 @@ def _batches(w, entries, sizes, *, token, sent, threads):
         chunks = [group[i : i + size] for i in range(0, len(group), size)]
         last = chunks[-1]
         if len(last) < size and free_threads >= len(chunks) and w.flow is None:
-            more = _top_up(w, job_type, last[0].ctx.queue, size - len(last), running, token, sent)
+            more = _top_up(
+                w, job_type, last[0].ctx.queue, size - len(last), running, token, sent, taken
+            )
             last.extend(more)
             entries = entries + more
         free_threads -= len(chunks)
@@ -188,7 +249,7 @@ def _batches(w, entries, sizes, *, token, sent, threads):
     return entries, units
 
 
-def _top_up(w, job_type, queue, limit, running, token, sent):
+def _top_up(w, job_type, queue, limit, running, token, sent, taken):
     """Up to ``limit`` more due jobs of ``job_type`` from ``queue``, as entries."""
     cap = (w.conf.QUEUES.get(queue) or {}).get("concurrency")
     if cap is not None:
@@ -198,24 +259,26 @@ def _top_up(w, job_type, queue, limit, running, token, sent):
     if limit <= 0 or w._stop_requested():
         return []
     if w.fair is None or not w.fair[w.queues.index(queue)]:
-        rows = _claim_more(w, job_type, queue, limit, token)
+        rows = _claim_more(w, job_type, queue, limit, token, taken)
     else:
         # A fair queue's top-up goes on round-robin from where the claim left it. It may
         # come back short once every key with a due job of the type has had its share: the
         # rest of the batch is then filled in claim order, from keys that have more.
         rows = _claim_more(
-            w, job_type, queue, limit, token, w.fair_cursors.get(queue, SHARED_FAIR_KEY)
+            w, job_type, queue, limit, token, taken, w.fair_cursors.get(queue, SHARED_FAIR_KEY)
         )
         next_cursors(w.fair_cursors, rows)
         if 0 < len(rows) < limit:
-            rows = rows + _claim_more(w, job_type, queue, limit - len(rows), token)
+            rows = [*rows, *_claim_more(w, job_type, queue, limit - len(rows), token, taken)]
     w.claimed_total += len(rows)
     running[queue] = running.get(queue, 0) + len(rows)
     return [_entry(w, row, token, sent) for row in rows]
 
 
-def _claim_more(w, job_type, queue, limit, token, fair_cursor=None):
-    """One top-up statement (store/batches.py): its claimed rows."""
+def _claim_more(w, job_type, queue, limit, token, taken, fair_cursor=None):
+    """One top-up statement (store/batches.py): its claimed rows, added to ``taken`` (a read
+    back leaves out what the claim took before, under the same token). Its unreadable rows
+    count as claimed."""
     statement = store.claim_more_statement(
         worker_id=w.worker_id,
         queue=queue,
@@ -225,7 +288,10 @@ def _claim_more(w, job_type, queue, limit, token, fair_cursor=None):
         async_commit=w.async_commit,
         fair_cursor=fair_cursor,
     )
-    return store.claimed_rows(w.session.execute(*statement))
+    rows = _read(w, w.session.execute(*statement), token, known=taken.ids)
+    taken.add(rows)
+    w.claimed_total += len(rows.unreadable)
+    return rows
 
 
 def timeout_of(job_type):

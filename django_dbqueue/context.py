@@ -1,7 +1,6 @@
 """``JobContext``: what a handler receives. A light object built from the claimed row."""
 
 import contextlib
-import json
 
 from . import names
 from .exceptions import JobCancelled
@@ -194,11 +193,12 @@ class JobContext:
         """``{dependency id: result}`` of the jobs this one waited on (docs/workflows.md): each
         one's decoded return value, ``None`` for a handler that returned nothing or for a
         dependency that failed (``on_failure="run"``). A dependency already deleted by
-        retention is missing."""
-        from . import store
+        retention is missing. A result that Python cannot read (written by hand) raises
+        ``UnreadableJob`` naming the dependency: this job is then dead at once."""
+        from . import decoding, store
 
         return {
-            job_id: None if result is None else json.loads(result)
+            job_id: decoding.json_value(result, f"the result of dependency #{job_id}")
             for job_id, result in store.dependency_results(self.using, self.id).items()
         }
 

@@ -53,6 +53,26 @@ class NotMigrated(DBQueueError, ProgrammingError):
     a name), so ``except DatabaseError`` keeps catching it."""
 
 
+class UnreadableJob(DBQueueError):
+    """A value of a job's row, or of a record the job reads (a step's result, a signal's payload,
+    a dependency's result), that Python cannot read back: JSON nested deeper than Python's
+    ``json`` decodes, an integer of more digits than Python converts, a number Python would read
+    as infinity, a timestamp outside Python's years 1 to 9999. Such a row can only come from
+    outside the Python API (a plain ``UPDATE``, a SQL caller). The job that meets it is dead at
+    once, this error in its history; the worker and the other jobs of its claim go on.
+
+    ``column`` names what could not be read (``"payload"``, ``"created_at"``, ``"step 'x'"``),
+    ``reason`` why; the message is ``"<column>: <reason>"``."""
+
+    def __init__(self, column, reason):
+        self.column = column
+        self.reason = reason
+        super().__init__(f"{column}: {reason}")
+
+    def __reduce__(self):  # a process-mode child sends it back whole
+        return type(self), (self.column, self.reason)
+
+
 class LeaseExpired(DBQueueError):
     """Recorded (by the sweeper) for an attempt whose worker stopped renewing its lease."""
 

@@ -33,7 +33,7 @@ from django.db import DatabaseError, connections, transaction
 from . import registry, store, tracing
 from .batches import Batch
 from .connections import close_side_connections, discard_connection
-from .exceptions import DiscardJob, JobCancelled, RetryJob, Snooze
+from .exceptions import DiscardJob, JobCancelled, RetryJob, Snooze, UnreadableJob
 from .inflight import BatchRun
 from .outcomes import ResultError, clamp_delay, encode_result, error_record
 from .steps import Suspend
@@ -169,9 +169,10 @@ def exception_outcome(exc, ctx, job_type, *, conf, worker_id):
     if isinstance(exc, JobCancelled):
         # Not a failure: the job ends cancelled (an atomic run's writes rolled back above).
         return Outcome("cancelled")
-    if isinstance(exc, ResultError):
-        # Deterministic, and found after the handler's effects: running it again would repeat
-        # them and fail the same way. Dead at once, with the reason.
+    if isinstance(exc, ResultError | UnreadableJob):
+        # Deterministic: a result found unstorable after the handler's effects, or a record the
+        # job reads (a step, a signal, a dependency's result) that Python cannot read. Running it
+        # again would fail the same way (and repeat the effects). Dead at once, with the reason.
         return failure(exc, kind="dead")
     if isinstance(exc, RetryJob):
         return failure(exc, kind="retry", delay=clamp_delay(exc.delay))

@@ -74,7 +74,9 @@ def check_database(using):
         )
 
 
-def _run_after(value):
+def run_after_of(value):
+    """``run_after`` validated: None, or an aware datetime in validation.timestamp's range (a
+    naive one is made aware in the default time zone when USE_TZ is off); ``EnqueueError``."""
     if value is None:
         return None
     if not isinstance(value, datetime.datetime):
@@ -86,7 +88,8 @@ def _run_after(value):
                 "(django.utils.timezone.now() + timedelta(...), or use delay=)"
             )
         value = timezone.make_aware(value, timezone.get_default_timezone())
-    return value
+    # Out of Python's range the row would be stored, and then unreadable (validation.py).
+    return validation.timestamp(value, "run_after", error=EnqueueError)
 
 
 def _derived_key(job_type, label, given, payload):
@@ -196,7 +199,7 @@ def prepare(
         lease = job_type.get_lease(conf)
     if run_after is not None and delay is not None:
         raise EnqueueError("pass run_after or delay, not both")
-    run_after = _run_after(run_after)
+    run_after = run_after_of(run_after)
     delay = 0.0 if delay is None else validation.seconds(delay, "delay", error=EnqueueError)
     if idempotency_key is not None:
         validation.key(idempotency_key, error=EnqueueError)

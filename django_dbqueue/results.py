@@ -12,14 +12,13 @@ cancel while pending) or in the instant before the waiter's lock is found by the
 import asyncio
 import collections
 import contextlib
-import json
 import select
 import time
 
 import psycopg
 from psycopg import sql
 
-from . import validation
+from . import decoding, validation
 from .conf import get_settings
 from .connections import connect
 from .exceptions import DBQueueError, InvalidArgument, JobCancelled
@@ -101,7 +100,7 @@ def _outcome(conn, job_id):
         raise JobNotFound(f"no job #{job_id} (it never existed, or retention deleted it)")
     state, result, error, cancelled_by = row
     if state == "done":
-        return True, None if result is None else json.loads(result)
+        return True, decoding.json_value(result, f"the result of job #{job_id}")
     if state == "dead":
         raise JobFailed(job_id, error)
     if state == "cancelled":

@@ -15,14 +15,13 @@ still wants a delivery record (deliveries.py). docs/steps.md has the guarantees 
 
 import contextlib
 import datetime
-import json
 import threading
 import time
 
 from django.db import connections
 
-from . import payloads, store, validation
-from .exceptions import MAX_WAIT, InvalidArgument, LeaseLost, SignalTimeout
+from . import decoding, payloads, store, validation
+from .exceptions import MAX_WAIT, InvalidArgument, LeaseLost, SignalTimeout, UnreadableJob
 from .outcomes import ResultError
 
 MAX_NAME = 200  # dbqueue_step.name is varchar(200)
@@ -101,8 +100,15 @@ def encode(name, value):
         raise ResultError(f"the result of step {name!r} cannot be stored: {exc}") from None
 
 
-def decode(text):
-    return None if text is None else json.loads(text)
+def decode(text, what="a recorded step"):
+    """A record's JSON text decoded (None stays None), or ``UnreadableJob`` naming ``what``: a
+    record written by hand that Python cannot read fails its job at once (execution.py)."""
+    return decoding.json_value(text, what)
+
+
+def _what(key):
+    name, occurrence = key
+    return f"recorded step {name!r}" + (f" #{occurrence}" if occurrence > 1 else "")
 
 
 def _lost(ctx, when):
@@ -127,13 +133,13 @@ def stored(ctx, key):
     runs = ctx._steps
     recorded = runs.recorded(ctx)
     if key in recorded:
-        return True, decode(recorded[key])
+        return True, decode(recorded[key], _what(key))
     if ctx._lease_gone and ctx._token is not None:
         raise _lost(ctx, "before it ran")
     if ctx._token is not None and _lease_in_doubt(ctx):
         recorded = runs.reread(ctx)
         if key in recorded:
-            return True, decode(recorded[key])
+            return True, decode(recorded[key], _what(key))
     return False, None
 
 
@@ -156,7 +162,7 @@ def record(ctx, key, text):
         )
     result_text, _inserted = row
     ctx._steps.recorded(ctx)[key] = result_text
-    return decode(result_text)
+    return decode(result_text, _what(key))
 
 
 def _runs(ctx):
@@ -220,8 +226,22 @@ def _seconds(where, value, *, allow_none=False):
     return float(value)
 
 
-def _time(text):
-    return datetime.datetime.fromisoformat(text)
+def _time(value, field, key, *, optional=False):
+    """The aware time ``value[field]`` of a wait's record (None for a missing one that is
+    ``optional``), or ``UnreadableJob`` for a record (written by hand) that holds none Python
+    reads."""
+    text = value.get(field) if isinstance(value, dict) else None
+    if text is None and optional and isinstance(value, dict):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        when = None
+    if when is None or when.tzinfo is None:
+        raise UnreadableJob(
+            _what(key), f"its {field!r} is not an aware time Python reads: {validation.shown(text)}"
+        )
+    return when
 
 
 def sleep(ctx, name, *, seconds=None, until=None):
@@ -231,17 +251,15 @@ def sleep(ctx, name, *, seconds=None, until=None):
     check_name(where, name, MAX_NAME - len(SLEEP))
     if until is None:
         seconds = _seconds(where, seconds)
-    elif not isinstance(until, datetime.datetime) or until.tzinfo is None:
-        raise InvalidArgument(
-            f"{where}: an aware datetime (with its time zone), got {validation.shown(until)}"
-        )
+    else:
+        validation.timestamp(until, f"{where}: when", error=InvalidArgument)
     _outside_batches(ctx, where)
     _outside_transactions(ctx, where)
     key = _runs(ctx).key(SLEEP + name)
     found, value = stored(ctx, key)
     now = store.db_now(ctx.using)
     if found:
-        ends = _time(value["until"])
+        ends = _time(value, "until", key)
     else:
         ends = until if until is not None else now + datetime.timedelta(seconds=seconds)
         record(ctx, key, encode(name, {"until": ends.isoformat()}))
@@ -263,10 +281,10 @@ def wait_for_signal(ctx, name, timeout=None):
         ctx.using, job_id=ctx.id, name=name, seq=key[1]
     )
     if has_signal:
-        return decode(payload)
+        return decode(payload, f"the payload of signal {name!r} #{key[1]}")
     found, value = stored(ctx, key)
     if found:
-        deadline = value["deadline"] and _time(value["deadline"])
+        deadline = _time(value, "deadline", key, optional=True)
     else:
         deadline = None if timeout is None else now + datetime.timedelta(seconds=timeout)
         record(ctx, key, encode(name, {"deadline": deadline and deadline.isoformat()}))

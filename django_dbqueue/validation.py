@@ -24,6 +24,12 @@ MAX_JOB_ID = 2**63 - 1  # dbqueue_job.id is bigint
 # No number of seconds handed to PostgreSQL is larger: ten years, far inside what interval and
 # timestamptz arithmetic can carry, and far outside any schedule a queue is for.
 MAX_SECONDS = 10 * 365 * 86400
+# The timestamps every door accepts (run_after, a durable sleep's end, ...), inclusive: Python's
+# own range (years 1 to 9999) less a day at each end, so that the value can still be shown in any
+# time zone (UTC-14 to UTC+14) without leaving that range. PostgreSQL stores far more (4713 BC to
+# 294276 AD), none of which Python reads back. The SQL doors (dbqueue_enqueue) use these values.
+TIMESTAMP_MIN = datetime.datetime(1, 1, 2, tzinfo=datetime.UTC)  # inclusive
+TIMESTAMP_MAX = datetime.datetime(9999, 12, 30, tzinfo=datetime.UTC)  # inclusive
 # Handler threads of one worker process (CONCURRENCY, a queue's "concurrency", --concurrency):
 # past this, threads and database connections run out long before any gain.
 MAX_CONCURRENCY = 1000
@@ -179,6 +185,25 @@ def seconds(
     if not (0 < value <= maximum if positive else 0 <= value <= maximum):
         raise error(f"{label} must be {what} {bound}, got {shown(value)}")
     return float(value)
+
+
+def timestamp(value, label, error=ValueError):
+    """An aware ``datetime`` from ``TIMESTAMP_MIN`` to ``TIMESTAMP_MAX`` (inclusive), returned as
+    it is. A naive one, or one outside the range (``datetime.max`` at UTC-14 is year 10000 in UTC,
+    ``datetime.min`` at UTC+14 is 1 BC), raises ``error`` naming ``label``, the value and the
+    range: never an ``OverflowError`` from the conversion to UTC."""
+    if not isinstance(value, datetime.datetime):
+        raise error(f"{label} must be an aware datetime, got {shown(value)}")
+    if value.utcoffset() is None:
+        raise error(f"{label} must be an aware datetime (with its time zone), got {shown(value)}")
+    # Compared as aware datetimes (their UTC instants), which cannot overflow as astimezone() can.
+    if not TIMESTAMP_MIN <= value <= TIMESTAMP_MAX:
+        raise error(
+            f"{label} must be from {TIMESTAMP_MIN.isoformat()} to {TIMESTAMP_MAX.isoformat()} "
+            f"(UTC, inclusive: what Python reads back and shows in any time zone), got "
+            f"{value.isoformat()}"
+        )
+    return value
 
 
 def _plain(number):

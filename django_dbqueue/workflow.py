@@ -11,7 +11,7 @@ it ``pending`` when its last dependency is done, or cancels it when one dies or 
 from . import payloads, schema, store, tracing, validation, waiters, wakeup
 from .conf import get_settings
 from .exceptions import EnqueueError, UnknownJobType
-from .jobspec import EnqueuedJob, columns_of, database, prepare
+from .jobspec import EnqueuedJob, columns_of, database, prepare, run_after_of
 
 ON_FAILURE = ("cancel", "run")
 
@@ -70,6 +70,10 @@ class Workflow:
                 f"workflow job {type!r}: on_failure must be 'cancel' or 'run', "
                 f"got {validation.shown(on_failure)}"
             )
+        try:  # checked here, where the mistake is made (and again at enqueue, with the rest)
+            run_after_of(options.get("run_after"))
+        except EnqueueError as exc:
+            raise EnqueueError(f"workflow job {type!r}: {exc}") from None
         job = WorkflowJob(self, len(self.jobs), type, payload, options, on_failure)
         self.jobs.append(job)
         if isinstance(depends_on, str | bytes) or not hasattr(depends_on, "__iter__"):

@@ -11,7 +11,14 @@ from .jobs import BackgroundJobAdmin
 class DeadLetterAdmin(BackgroundJobAdmin):
     """The dead letters: jobs that spent their attempts or were discarded. Newest death first."""
 
-    list_display = ["id", "type_display", "queue", "attempts_display", "finished_at", "last_error"]
+    list_display = [
+        "id",
+        "type_display",
+        "queue",
+        "attempts_display",
+        "finished_at_display",
+        "last_error",
+    ]
     list_filter = [QueueFilter, TypeFilter]
     ordering = ["-finished_at", "-id"]
     actions = ["requeue", "delete_finished"]

@@ -26,6 +26,12 @@ def step_label(name, occurrence):
     return name if occurrence == 1 else f"{name} #{occurrence}"
 
 
+def _when(finished_at):
+    if isinstance(finished_at, str):  # PostgreSQL's text of a time Python cannot show
+        return f"{finished_at} (out of range)"
+    return timezone.localtime(finished_at).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def steps_html(job_id):
     total, rows = store.job_steps(
         get_settings().DATABASE, job_id, limit=STEPS_SHOWN, chars=RESULT_CHARS + 1
@@ -43,7 +49,7 @@ def steps_html(job_id):
                 (
                     step_label(name, occurrence),
                     attempt,
-                    timezone.localtime(finished_at).strftime("%Y-%m-%d %H:%M:%S"),
+                    _when(finished_at),
                     shorten("null" if result is None else result, RESULT_CHARS),
                 )
                 for name, occurrence, attempt, finished_at, result in rows

@@ -1,8 +1,6 @@
 """The jobs page: the list, a job's detail, its actions (requeue, run now, cancel, delete
 finished) and the queue dashboard's URL."""
 
-import json
-
 from django.contrib import admin, messages
 from django.contrib.admin.actions import delete_selected
 from django.core.exceptions import PermissionDenied
@@ -17,11 +15,23 @@ from .. import cancellation, names, store, wakeup
 from ..conf import get_settings
 from ..models import UNIQUE_HELD, BackgroundJob
 from ..states import FINISHED_STATES, JobState
+from . import readable
 from .common import CappedCountPaginator, exact_search, pre, shorten
 from .dashboard_page import dashboard_context
 from .events import event_link
 from .filters import FlowFilter, QueueFilter, StuckFilter, TypeFilter, live_serial
 from .job_steps import steps_html
+
+
+def _time_column(name, description):
+    """The list's and the page's view of the timestamp ``name``: its value, or PostgreSQL's text
+    of it, marked, for one Python cannot read back (readable.py); sorted by the column."""
+
+    @admin.display(description=description, ordering=name)
+    def show(self, obj):
+        return readable.time_of(obj, name)
+
+    return show
 
 
 class BackgroundJobAdmin(admin.ModelAdmin):
@@ -31,8 +41,8 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "queue",
         "state",
         "attempts_display",
-        "run_after",
-        "created_at",
+        "run_after_display",
+        "created_at_display",
         "last_error",
     ]
     list_filter = ["state", QueueFilter, TypeFilter, StuckFilter, FlowFilter]
@@ -54,21 +64,21 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         "queue",
         "state",
         "priority",
-        "run_after",
+        "run_after_display",
         "attempts",
         "max_attempts",
         "lease_seconds",
-        "leased_until",
+        "leased_until_display",
         "worker_id",
         "idempotency_key",
         "unique_key",
         "unique_while",
         "unique_held",
         "serial_key",
-        "created_at",
-        "started_at",
-        "finished_at",
-        "cancel_requested_at",
+        "created_at_display",
+        "started_at_display",
+        "finished_at_display",
+        "cancel_requested_at_display",
         "cancelled_by",
         "payload_pretty",
         "result_pretty",
@@ -81,11 +91,29 @@ class BackgroundJobAdmin(admin.ModelAdmin):
     ]
     fieldsets = [
         (None, {"fields": ["id", "type", "queue", "state", "priority", "idempotency_key"]}),
-        ("Timing", {"fields": ["created_at", "run_after", "started_at", "finished_at"]}),
-        ("Cancellation", {"fields": ["cancel_requested_at", "cancelled_by"]}),
+        (
+            "Timing",
+            {
+                "fields": [
+                    "created_at_display",
+                    "run_after_display",
+                    "started_at_display",
+                    "finished_at_display",
+                ]
+            },
+        ),
+        ("Cancellation", {"fields": ["cancel_requested_at_display", "cancelled_by"]}),
         (
             "Attempts",
-            {"fields": ["attempts", "max_attempts", "worker_id", "lease_seconds", "leased_until"]},
+            {
+                "fields": [
+                    "attempts",
+                    "max_attempts",
+                    "worker_id",
+                    "lease_seconds",
+                    "leased_until_display",
+                ]
+            },
         ),
         (
             "Flow control",
@@ -170,12 +198,20 @@ class BackgroundJobAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         # The payload stays deferred (it can be large); a django.tasks job's task path comes
-        # as one short annotation, for the type column.
+        # as one short annotation, for the type column. Timestamps and the last error come as
+        # annotations that any row can give, even one Python cannot read (readable.py).
         task = Case(
             When(type=names.TASKS_TYPE, then=KeyTextTransform("task", "payload")),
             output_field=CharField(),
         )
-        return super().get_queryset(request).defer("payload", "result").annotate(task_path=task)
+        return readable.readable(super().get_queryset(request)).annotate(task_path=task)
+
+    run_after_display = _time_column("run_after", "run after")
+    created_at_display = _time_column("created_at", "created at")
+    started_at_display = _time_column("started_at", "started at")
+    finished_at_display = _time_column("finished_at", "finished at")
+    leased_until_display = _time_column("leased_until", "leased until")
+    cancel_requested_at_display = _time_column("cancel_requested_at", "cancel requested at")
 
     def get_search_results(self, request, queryset, search_term):
         found = exact_search(queryset, search_term, "idempotency_key")
@@ -190,8 +226,9 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         """Whether this job is the one an enqueue with its unique key would return now."""
         if obj.unique_key is None:
             return "no unique key"
+        never_started = obj.at_started_at is None and obj.text_started_at is None
         held = obj.state in ("pending", "waiting", "running") and (
-            obj.unique_while == "active" or obj.started_at is None
+            obj.unique_while == "active" or never_started
         )
         if held:
             return "yes"
@@ -214,20 +251,27 @@ class BackgroundJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="last error")
     def last_error(self, obj):
-        if not obj.errors:
+        # As text from the list's query: never decoded, so no history can fail the page.
+        if obj.last_error_class is None and obj.last_error_message is None:
             return ""
-        entry = obj.errors[-1]
-        return shorten(f"{entry.get('class', '')}: {entry.get('message', '')}", 120)
+        return shorten(f"{obj.last_error_class or ''}: {obj.last_error_message or ''}", 120)
+
+    def _json_html(self, obj, column, **options):
+        value, unreadable = readable.json_of(obj, column)
+        if unreadable is not None:
+            return readable.unreadable_html(obj, column, unreadable)
+        text = readable.pretty(value, **options)
+        return pre(readable.json_texts(obj)[column] if text is None else text)
 
     @admin.display(description="payload")
     def payload_pretty(self, obj):
-        return pre(json.dumps(obj.payload, indent=2, ensure_ascii=False, sort_keys=True))
+        return self._json_html(obj, "payload", sort_keys=True)
 
     @admin.display(description="result")
     def result_pretty(self, obj):
-        return (
-            "" if obj.result is None else pre(json.dumps(obj.result, indent=2, ensure_ascii=False))
-        )
+        if readable.json_texts(obj)["result"] is None:
+            return ""
+        return self._json_html(obj, "result")
 
     @admin.display(description="recorded steps")
     @admin.display(description="waiting for")
@@ -236,7 +280,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         from ..steps import waiting_for
 
         waiting = obj.state == "pending" and obj.wait_token == obj.lease_token
-        return waiting_for(obj.wait_reason if waiting else None, obj.run_after)
+        return waiting_for(obj.wait_reason if waiting else None, obj.at_run_after)
 
     def steps_display(self, obj):
         """The steps the job recorded (ctx.step), at most job_steps.STEPS_SHOWN of them."""
@@ -288,8 +332,14 @@ class BackgroundJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="errors (every failed attempt)")
     def errors_pretty(self, obj):
-        if not obj.errors:
+        errors, unreadable = readable.json_of(obj, "errors")
+        if unreadable is not None:
+            return readable.unreadable_html(obj, "errors", unreadable)
+        if not errors:
             return "none"
+        if not isinstance(errors, list):  # written by hand: shown as it is
+            return pre(readable.json_texts(obj)["errors"])
+        entries = [e if isinstance(e, dict) else {"message": str(e)} for e in errors]
         return format_html_join(
             "",
             '<div style="margin-bottom: 1em"><strong>attempt {} — {}</strong> at {} on {}<br>{}{}</div>',
@@ -302,7 +352,7 @@ class BackgroundJobAdmin(admin.ModelAdmin):
                     pre(e.get("message", "")),
                     pre(e.get("traceback", "")) if e.get("traceback") else "",
                 )
-                for e in obj.errors
+                for e in entries
             ),
         )
 

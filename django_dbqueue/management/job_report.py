@@ -5,11 +5,16 @@ The text is one ``label: value`` line per field, in a fixed order (every field a
 ``FIELDS`` (and the same key in the JSON): it adds a line and reformats none of the others. The
 steps are bounded like the admin's (``STEPS_SHOWN``, then how many more), and their results are
 cut in the database for the text (``RESULT_CHARS``); the JSON carries them whole, decoded.
+
+A row written by hand may hold what Python cannot read back (docs/admin.md): a time outside
+Python's years is printed as PostgreSQL writes it, marked ``(out of range)``; JSON Python's json
+refuses as ``unreadable: <why>``. The job is printed all the same.
 """
 
-import json
+import datetime
 
-from django_dbqueue import steps, store
+from django_dbqueue import decoding, steps, store
+from django_dbqueue.exceptions import UnreadableJob
 
 STEPS_SHOWN = 200
 RESULT_CHARS = 80  # of a step's result JSON, in the text
@@ -45,13 +50,23 @@ def read(using, job_id, *, result_chars=None):
 
 
 def _time(value):
-    return "-" if value is None else value.isoformat(timespec="seconds")
+    if value is None:
+        return "-"
+    if not isinstance(value, datetime.datetime):  # PostgreSQL's text of a time Python cannot show
+        return f"{value} (out of range)"
+    return value.isoformat(timespec="seconds")
+
+
+def _iso(value):
+    return _time(value) if not isinstance(value, datetime.datetime) else value.isoformat()
 
 
 def _last_error(job):
-    entry = _decode(job["last_error"])
-    if not entry:
-        return "none"
+    entry = _decode(job["last_error"], "last error")
+    if isinstance(entry, str):  # unreadable (or a history written by hand)
+        return entry
+    if not isinstance(entry, dict):
+        return "none" if not entry else str(entry)
     text = f"{entry.get('class', '')}: {entry.get('message', '')}"
     if entry.get("attempt") is not None:
         text += f" (attempt {entry['attempt']})"
@@ -69,7 +84,7 @@ FIELDS = [
     ("worker", lambda job: job["worker_id"] or "-"),
     ("last error", _last_error),
     ("snoozes", lambda job: str(job["snoozes"])),
-    ("waiting for", lambda job: steps.waiting_for(job["waiting_for"], job["run_after"])),
+    ("waiting for", lambda job: steps.waiting_for(job["waiting_for"], _datetime(job["run_after"]))),
 ]
 
 
@@ -98,8 +113,16 @@ def lines(job, total, steps):
     return out
 
 
-def _decode(text):
-    return None if text is None else json.loads(text)
+def _datetime(value):
+    return value if isinstance(value, datetime.datetime) else None
+
+
+def _decode(text, what):
+    """The JSON ``text`` decoded, or ``"unreadable: <why>"`` for what Python's json refuses."""
+    try:
+        return decoding.json_value(text, what)
+    except UnreadableJob as exc:
+        return f"unreadable: {exc.reason}"
 
 
 def as_json(job, total, steps):
@@ -114,16 +137,16 @@ def as_json(job, total, steps):
         },
         # Only for a job that a publish made (docs/events.md).
         **({"event": {"id": job["event_id"], "name": job["event"]}} if job.get("event_id") else {}),
-        "run_after": job["run_after"] and job["run_after"].isoformat(),
-        "last_error": _decode(job["last_error"]),
+        "run_after": job["run_after"] and _iso(job["run_after"]),
+        "last_error": _decode(job["last_error"], "last error"),
         "steps_total": total,
         "steps": [
             {
                 "name": name,
                 "occurrence": occurrence,
                 "attempt": attempt,
-                "finished_at": finished_at.isoformat(),
-                "result": _decode(result),
+                "finished_at": _iso(finished_at),
+                "result": _decode(result, "result"),
             }
             for name, occurrence, attempt, finished_at, result in steps
         ],

@@ -14,7 +14,15 @@ This module is the interface the rest of the package uses (``from . import store
 
 from ._db import int_array, text_array
 from .batches import claim_more_statement
-from .claiming import ClaimedRow, claim, claim_statement, claimed_rows, count_due, new_token
+from .claiming import (
+    ClaimedRow,
+    claim,
+    claim_statement,
+    claimed_rows,
+    count_due,
+    new_token,
+    read_claimed,
+)
 from .completion import (
     complete,
     complete_ending,
@@ -173,6 +181,7 @@ __all__ = [
     "publish_event",
     "rate_window",
     "read_back",
+    "read_claimed",
     "read_signal",
     "release",
     "release_ending",

@@ -7,6 +7,8 @@ import contextlib
 
 from django.db import connections, transaction
 
+from ..validation import TIMESTAMP_MAX, TIMESTAMP_MIN
+
 
 def int_array(values):
     """A PostgreSQL array literal of ``values`` (ints), bound as one text parameter and cast
@@ -91,7 +93,10 @@ def _commit(async_commit):
 # The lease a claim writes on the jobs it chose (the CTE ``chosen``, ids only), under the
 # statement's commit mode, and the columns every claim returns (ClaimedRow's, in
 # store/claiming.py): the one place a claim takes a job, shared by the plain claim, the fair
-# claim and the batch top-up. ``extra``: more columns to return (", j.fair_key").
+# claim and the batch top-up. ``extra``: more columns to return (", j.fair_key"). The wait is a
+# difference of epochs, not of timestamps: a run_after of -infinity (a row written by hand) would
+# fail ``now() - run_after``, and with it every claim of the queue; this way it comes back as
+# "Infinity", which the client reads as a row it cannot read (store/claiming.py).
 def claimed_cte(extra=""):
     return f"""claimed AS (
     UPDATE dbqueue_job AS j
@@ -105,6 +110,25 @@ def claimed_cte(extra=""):
     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
     RETURNING j.id, j.type, j.queue, j.payload, j.attempts, j.max_attempts, j.lease_seconds,
               j.idempotency_key, j.priority, j.created_at,
-              EXTRACT(EPOCH FROM now() - j.run_after)::float8 AS wait, j.traceparent, j.run_after,
-              j.serial_key IS NOT NULL AS keyed{extra}
+              (EXTRACT(EPOCH FROM now()) - EXTRACT(EPOCH FROM j.run_after))::float8 AS wait,
+              j.traceparent, j.run_after, j.serial_key IS NOT NULL AS keyed{extra}
 )"""
+
+
+# A timestamp of a row Python may not read back (one written by hand: year 200000, 4000 BC,
+# infinity): psycopg's typed value of it fails the fetch of the whole reply. Read for a person
+# (the admin, jobqueue_status) as two columns instead: the value inside validation.TIMESTAMP_MIN
+# ..MAX (which any time zone can show), else NULL; PostgreSQL's text of it outside, else NULL.
+# time_or_text() merges them back into one value.
+def time_columns(column):
+    inside = (
+        f"{column} BETWEEN '{TIMESTAMP_MIN.isoformat()}'::timestamptz "
+        f"AND '{TIMESTAMP_MAX.isoformat()}'::timestamptz"
+    )
+    return f"CASE WHEN {inside} THEN {column} END, CASE WHEN NOT ({inside}) THEN {column}::text END"
+
+
+def time_or_text(at, text):
+    """The two columns of :func:`time_columns` as one: a datetime, PostgreSQL's text (a str) of
+    a time Python cannot show, or None."""
+    return at if text is None else text

@@ -3,11 +3,12 @@
 due jobs."""
 
 import datetime
-import json
 import secrets
 from dataclasses import dataclass
 
+from .. import decoding
 from ..connections import PlannedOnce
+from ..exceptions import UnreadableJob
 from . import fair as fair_claim
 from ._db import _commit, _execute, claimed_cte, int_array, text_array
 
@@ -67,7 +68,7 @@ def claim(
         fair=fair,
         cursors=cursors,
     )
-    return claimed_rows(_execute(using, *statement))
+    return read_claimed(using, _execute(using, *statement), worker_id=worker_id, token=token)
 
 
 # The claim: one statement for up to %(limit)s jobs across the worker's queues.
@@ -95,7 +96,8 @@ def claim(
 # - The claimed rows come back as ONE value: a JSON array of one array per job (NULL when nothing
 #   was claimed). The client decodes a whole batch with one json.loads instead of twelve typed
 #   values per job: with psycopg's pure-Python build that per-value decoding was most of the
-#   claim loop's CPU (the payload arrives decoded along with the rest).
+#   claim loop's CPU (the payload arrives decoded along with the rest). A reply that will not
+#   decode (a row Python cannot read: read_claimed) is read back row by row instead.
 # - A paused queue (dbqueue_queue, docs/concepts/flow-control.md#pausing-a-queue) is left out before its scan
 #   runs (one primary key probe per queue, in its own MATERIALIZED CTE: left to itself the
 #   planner may run the anti-join after the lateral scan, locking rows of a paused queue).
@@ -179,12 +181,16 @@ FROM claimed
 # at most one row with a NULL id that says what held the claim back (see store.claimed_rows).
 # Parameters as CLAIM_JOBS, plus per queue its fleet-wide concurrency and rate limit (NULL:
 # none) and the limited types with theirs.
+# created_at comes as text (JSON's ISO 8601, in UTC), decoded by claimed_rows: psycopg's typed
+# value of a timestamp outside Python's years (10000, BC) fails the fetch of the whole reply.
 CLAIM_LIMITED = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
 )
-SELECT f.*
+SELECT f.id, f.type, f.queue, f.payload, f.attempts, f.max_attempts, f.lease_seconds,
+       f.idempotency_key, f.priority, to_json(f.created_at AT TIME ZONE 'UTC') #>> '{}', f.wait,
+       f.traceparent, f.keyed
 FROM commit_mode,
      dbqueue_claim_within_limits(
          %(queues)s::text[], %(limits)s::int[], %(limit)s, %(worker)s, %(token)s,
@@ -238,37 +244,126 @@ def claim_statement(
 class ClaimedRows(list):
     """The claimed jobs, and what held a limited claim back: ``held`` (a concurrency limit is
     full) and ``reopen_in`` (seconds until a rate window has room; ``None``: no rate limit
-    held it back)."""
+    held it back). ``unreadable``: ``(ClaimedRow, UnreadableJob)`` of each job the claim took
+    whose row Python cannot read (read_claimed's slow path): not in the list, never run; the
+    worker fails it dead. ``reread``: why the slow path was taken (the fast path's error)."""
 
     held = False
     reopen_in = None
     keyed = 0  # how many jobs have a serial key
+    unreadable = ()
+    reread = None
+
+
+# A due job's wait (seconds since run_after) of this size or more says that its run_after may be
+# before Python's year 1 (now minus year 1 is about 6.4e10 s): the claim is then read back row by
+# row, where run_after itself is checked (a false alarm costs that one read back, nothing else).
+WAIT_SUSPECT = 6.0e10
 
 
 def claimed_rows(rows):
     """The claimed jobs as ClaimedRows. CLAIM_JOBS returns one value, a JSON array of one
-    array per job (or NULL); CLAIM_LIMITED typed rows (the payload as text), then one
-    closing row saying what held the claim back."""
+    array per job (or NULL); CLAIM_LIMITED typed rows (the payload and created_at as text), then
+    one closing row saying what held the claim back. Decodes the whole reply at once (the fast
+    path); raises (ValueError, RecursionError, ...) when any value of it will not decode or
+    looks out of Python's range: then :func:`read_claimed` reads the rows back one by one."""
     claimed = ClaimedRows()
     if rows and len(rows[0]) == 1:
         batch = rows[0][0]
-        for item in json.loads(batch) if batch is not None else ():
+        for item in decoding.fast_loads(batch) if batch is not None else ():
             item[6] = float(item[6])  # lease_seconds: JSON writes 60.0 as 60
             item[9] = datetime.datetime.fromisoformat(item[9]).astimezone(datetime.UTC)
+            if not item[10] < WAIT_SUSPECT:  # also raises for "Infinity" (run_after -infinity)
+                raise ValueError(f"job #{item[0]} came due {item[10]} seconds ago")
             if len(item) > 12 and item[12]:
                 claimed.keyed += 1
             claimed.append(ClaimedRow(*item))
         return claimed
     for row in rows:
         if row[0] is None:  # CLAIM_LIMITED's closing row
-            claimed.held = row[1] == "held"
-            claimed.reopen_in = row[10]
+            _closing(claimed, row)
         else:
             row = list(row)
-            row[3] = json.loads(row[3])  # payload
+            row[3] = decoding.fast_loads(row[3])  # payload
+            row[9] = datetime.datetime.fromisoformat(row[9]).replace(tzinfo=datetime.UTC)
+            if not row[10] < WAIT_SUSPECT:
+                raise ValueError(f"job #{row[0]} came due {row[10]} seconds ago")
             if len(row) > 12 and row[12]:
                 claimed.keyed += 1
             claimed.append(ClaimedRow(*row))
+    return claimed
+
+
+def _closing(claimed, row):
+    claimed.held = row[1] == "held"
+    claimed.reopen_in = row[10]
+
+
+def read_claimed(db, rows, *, worker_id, token, known=()):
+    """The rows of a claim made on ``db`` by ``worker_id`` under ``token``, as ClaimedRows:
+    decoded at once (:func:`claimed_rows`), or, when that fails, read back from the table one
+    row at a time (the slow path, READ_CLAIMED), each value decoded on its own, so that a job
+    whose row Python cannot read lands in ``unreadable`` and the others come back as usual.
+    ``known``: ids already taken under ``token`` (a batch top-up's claim), left out of the read
+    back. Commits nothing: the claim did."""
+    try:
+        return claimed_rows(rows)
+    except Exception as exc:  # anything the decoding raised: the rows are read back instead
+        claimed = reread_claimed(db, worker_id=worker_id, token=token, known=known)
+        claimed.reread = exc
+        for row in rows or ():
+            if len(row) > 1 and row[0] is None:
+                _closing(claimed, row)
+        return claimed
+
+
+# The slow path of a claim whose reply would not decode at once (read_claimed): the jobs this
+# claim took, found by the claim's own marks (its worker and lease token, on running rows), every
+# value that may not decode sent as text, to be decoded on its own: the payload as jsonb's text,
+# created_at and run_after as JSON writes them in UTC (ISO 8601 whatever the session's DateStyle,
+# "...BC", "10000-...", "infinity"), the wait by epochs (a subtraction of an infinite timestamp
+# would fail the statement). Rare, so it is planned each time: the running rows are few and
+# dbqueue_job_lease_idx holds only them. In the claim's order, as far as the table tells it (a
+# fair claim's places in its walk are not kept: that claim moves no cursor).
+READ_CLAIMED = """
+SELECT id, type, queue, payload::text, attempts, max_attempts, lease_seconds, idempotency_key,
+       priority, to_json(created_at AT TIME ZONE 'UTC') #>> '{}',
+       (EXTRACT(EPOCH FROM started_at) - EXTRACT(EPOCH FROM run_after))::float8, traceparent,
+       serial_key IS NOT NULL, fair_key, to_json(run_after AT TIME ZONE 'UTC') #>> '{}'
+FROM dbqueue_job
+WHERE state = 'running' AND lease_token = %(token)s AND worker_id = %(worker)s
+  AND NOT (id = ANY(%(known)s::bigint[]))
+ORDER BY priority DESC, run_after, id
+"""
+
+
+def reread_claimed(db, *, worker_id, token, known=()):
+    """The slow path of :func:`read_claimed`: ClaimedRows with the readable jobs, and in
+    ``unreadable`` each job with the UnreadableJob that names its column and reason."""
+    claimed = ClaimedRows()
+    claimed.unreadable = []
+    params = {"token": token, "worker": worker_id, "known": int_array(known)}
+    for row in _execute(db, READ_CLAIMED, params):
+        (id_, type_, queue, payload, attempt, max_attempts, lease, key, priority, created_at,
+         wait, traceparent, keyed, fair_key, run_after) = row  # fmt: skip
+        if keyed:
+            claimed.keyed += 1
+        try:
+            decoding.timestamp(run_after, "run_after")
+            job = ClaimedRow(
+                id_, type_, queue, decoding.json_value(payload, "payload"), attempt,
+                max_attempts, float(lease), key, priority,
+                decoding.timestamp(created_at, "created_at"), wait, traceparent, keyed,
+                fair_key,
+            )  # fmt: skip
+        except UnreadableJob as exc:
+            job = ClaimedRow(
+                id_, type_, queue, None, attempt, max_attempts, float(lease), key, priority,
+                None, 0.0, traceparent, keyed, fair_key,
+            )  # fmt: skip
+            claimed.unreadable.append((job, exc))
+        else:
+            claimed.append(job)
     return claimed
 
 

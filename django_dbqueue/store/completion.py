@@ -208,7 +208,9 @@ def fail(using, *, job_id, token, error, delay, dead=False):
 # One failure: back to pending after a delay, or dead when the attempts are spent or the handler
 # asked for no retry. Fenced like COMPLETE_JOBS. The error entry gets its time from the database.
 # A job whose cancel was asked for while it ran ends cancelled instead, its error kept: a
-# cancelled job is neither retried nor a dead letter (docs/concepts/cancelling.md).
+# cancelled job is neither retried nor a dead letter (docs/concepts/cancelling.md). No timestamp
+# comes back: a dead job keeps its run_after, which may be one Python cannot read (a row written
+# by hand that the worker fails as unreadable), and a typed one would fail the reply.
 FAIL_JOB = """
 UPDATE dbqueue_job
 SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
@@ -220,7 +222,7 @@ SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
     leased_until = NULL,
     errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
 WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
-RETURNING state, run_after, cancelled_by,
+RETURNING state, cancelled_by,
           CASE WHEN state <> 'pending' AND {RESULT_WAITED}
                THEN pg_notify(%(channel)s::text || '.done', id::text) END
 """.replace("{RESULT_WAITED}", RESULT_WAITED)
@@ -240,7 +242,7 @@ def fail_job(using, *, job_id, token, error, delay, dead=False):
             "channel": _channel(),
         },
     )
-    return (rows[0][0], rows[0][2]) if rows else None
+    return (rows[0][0], rows[0][1]) if rows else None
 
 
 # A run that stopped because it was cancelled: the handler raised JobCancelled (through

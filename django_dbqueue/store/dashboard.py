@@ -232,6 +232,7 @@ FROM (
     + FAILED_ATTEMPTS_SQL.replace("%(from)s", "%(split)s")
     + """) AS a
 ) AS r
+WHERE r.at <= now()
 GROUP BY 1, 2
 """
 )
@@ -244,6 +245,8 @@ def dashboard_finished(using, *, since, split, step):
 
 
 # Waits per time bucket as histogram bins (see ROLLUP_MINUTE), from the same two sources.
+# Both reads stop at now(): a finished_at in the future can only be a row written by hand (year
+# 200000), whose bucket would overflow the int and fail the whole dashboard.
 DASHBOARD_WAITS = """
 SELECT floor(EXTRACT(EPOCH FROM r.at - %(since)s) / %(step)s)::int AS bucket, r.bin,
        sum(r.n)::bigint
@@ -258,6 +261,7 @@ FROM (
     FROM dbqueue_job
     WHERE state IN ('done', 'dead') AND finished_at >= %(split)s AND started_at IS NOT NULL
 ) AS r
+WHERE r.at <= now()
 GROUP BY 1, 2
 """
 

@@ -4,7 +4,7 @@ steps (the admin's job page, ``jobqueue_status --job``)."""
 
 from django.db import IntegrityError, transaction
 
-from ._db import _execute
+from ._db import _execute, time_columns, time_or_text
 from .jobs import _unique_held
 
 REQUEUE_TRIES = 3  # a holder of a unique key enqueued during the requeue: read again, retry
@@ -308,8 +308,10 @@ def status(using, queues=()):
 # One job's status, for jobqueue_status --job: its row's fields, the last entry of its error
 # history as JSON text (NULL when it has none; a requeue's marker counts, as in the admin's
 # "last error"), and nothing that grows with the job (payload, result, the whole history).
-JOB_STATUS = """
-SELECT id, type, queue, state, attempts, max_attempts, run_after, worker_id,
+# run_after comes as time_columns() (store/_db.py): a row written by hand may hold one Python
+# cannot read, and the command must still print the job.
+JOB_STATUS = f"""
+SELECT id, type, queue, state, attempts, max_attempts, {time_columns("run_after")}, worker_id,
        (errors -> -1)::text AS last_error, snoozes,
        CASE WHEN state = 'pending' AND wait_token = lease_token THEN wait_reason END,
        event_id, (SELECT e.name FROM dbqueue_event AS e WHERE e.id = event_id)
@@ -323,6 +325,7 @@ JOB_STATUS_FIELDS = (
     "attempts",
     "max_attempts",
     "run_after",
+    "run_after_text",
     "worker_id",
     "last_error",
     "snoozes",
@@ -337,10 +340,15 @@ def job_status(using, job_id):
     "last_error", "snoozes", "waiting_for"}`` of the job (``last_error``: the last error entry as
     JSON text, or None; ``waiting_for``: ``"sleep:<name>"`` or ``"signal:<name>"`` while a
     pending job is in a durable wait, else None; ``event_id`` and ``event``: the published
-    event that made the job and its name, docs/events.md, else None), or None when there is no
+    event that made the job and its name, docs/events.md, else None; ``run_after``: a datetime,
+    or PostgreSQL's text of one Python cannot show, time_or_text), or None when there is no
     such job."""
     rows = _execute(using, JOB_STATUS, {"job": job_id})
-    return dict(zip(JOB_STATUS_FIELDS, rows[0], strict=True)) if rows else None
+    if not rows:
+        return None
+    job = dict(zip(JOB_STATUS_FIELDS, rows[0], strict=True))
+    job["run_after"] = time_or_text(job["run_after"], job.pop("run_after_text"))
+    return job
 
 
 # A job's steps (dbqueue_step), bounded for the admin and jobqueue_status --job: how many it has
@@ -350,8 +358,8 @@ def job_status(using, job_id):
 # (0) and NULLs. Both reads find the job's rows by dbqueue_step_uniq (job_id first); the planner
 # walks the table (or its primary key, in id order) instead only for a job that holds a large
 # part of it, where that costs about as much.
-JOB_STEPS = """
-SELECT t.total, s.name, s.occurrence, s.attempt, s.finished_at,
+JOB_STEPS = f"""
+SELECT t.total, s.name, s.occurrence, s.attempt, {time_columns("s.finished_at")},
        CASE WHEN %(chars)s::integer IS NULL THEN s.result::text
             ELSE left(s.result::text, %(chars)s::integer) END
 FROM (SELECT count(*) AS total FROM dbqueue_step WHERE job_id = %(job)s) AS t
@@ -367,8 +375,14 @@ def job_steps(using, job_id, *, limit, chars=None):
     """``(total, [(name, occurrence, attempt, finished_at, result_text)])``: how many steps the
     job has recorded, and the first ``limit`` of them in the order they finished. Each
     ``result_text`` is the result's JSON text (None for a None result), cut to ``chars``
-    characters when ``chars`` is given (the caller cuts it shorter and marks the cut)."""
+    characters when ``chars`` is given (the caller cuts it shorter and marks the cut);
+    ``finished_at`` a datetime, or PostgreSQL's text of one Python cannot show (a record written
+    by hand: time_or_text)."""
     params = {"job": job_id, "limit": limit, "chars": chars}
     rows = _execute(using, JOB_STEPS, params)
     total = rows[0][0]
-    return total, [tuple(row[1:]) for row in rows if row[1] is not None]
+    return total, [
+        (name, occurrence, attempt, time_or_text(at, text), result)
+        for _, name, occurrence, attempt, at, text, result in rows
+        if name is not None
+    ]

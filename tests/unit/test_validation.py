@@ -160,3 +160,63 @@ def test_who_did_it_is_text_postgresql_can_store(value, message):
         validation.by(value)
     assert str(caught.value).startswith(message)
     assert validation.by("x" * 200) == "x" * 200
+
+
+UTC_MINUS_14 = datetime.timezone(datetime.timedelta(hours=-14))
+UTC_PLUS_14 = datetime.timezone(datetime.timedelta(hours=14))
+
+
+def test_the_timestamp_range_is_pythons_less_a_day_at_each_end():
+    """The SQL doors compare with these very values (the i35 SQL branch tests that)."""
+    assert datetime.datetime(1, 1, 2, tzinfo=datetime.UTC) == validation.TIMESTAMP_MIN
+    assert datetime.datetime(9999, 12, 30, tzinfo=datetime.UTC) == validation.TIMESTAMP_MAX
+    # Each edge can be shown in any time zone without leaving Python's range.
+    for edge in (validation.TIMESTAMP_MIN, validation.TIMESTAMP_MAX):
+        for zone in (UTC_MINUS_14, UTC_PLUS_14):
+            assert edge.astimezone(zone).astimezone(datetime.UTC) == edge
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        validation.TIMESTAMP_MIN,
+        validation.TIMESTAMP_MAX,
+        validation.TIMESTAMP_MAX.astimezone(UTC_MINUS_14),
+        datetime.datetime(2030, 1, 1, tzinfo=UTC_PLUS_14),
+    ],
+)
+def test_a_timestamp_in_the_range_comes_back_as_it_is(value):
+    assert validation.timestamp(value, "run_after") is value
+
+
+@pytest.mark.parametrize(
+    ("value", "got"),
+    [
+        (datetime.datetime.max.replace(tzinfo=UTC_MINUS_14), "9999-12-31T23:59:59.999999-14:00"),
+        (datetime.datetime.min.replace(tzinfo=UTC_PLUS_14), "0001-01-01T00:00:00+14:00"),
+        (
+            validation.TIMESTAMP_MAX + datetime.timedelta(microseconds=1),
+            "9999-12-30T00:00:00.000001+00:00",
+        ),
+    ],
+)
+def test_a_timestamp_out_of_the_range_is_named_never_an_overflow(value, got):
+    with pytest.raises(Custom) as caught:
+        validation.timestamp(value, "run_after", error=Custom)
+    assert str(caught.value) == (
+        "run_after must be from 0001-01-02T00:00:00+00:00 to 9999-12-30T00:00:00+00:00 (UTC, "
+        f"inclusive: what Python reads back and shows in any time zone), got {got}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (datetime.datetime(2030, 1, 1), "run_after must be an aware datetime (with its time zone)"),
+        (datetime.date(2030, 1, 1), "run_after must be an aware datetime, got datetime.date("),
+        ("2030-01-01", "run_after must be an aware datetime, got '2030-01-01'"),
+    ],
+)
+def test_a_timestamp_that_is_not_an_aware_datetime_is_named(value, message):
+    with pytest.raises(ValueError, match=f"^{message[:30]}"):
+        validation.timestamp(value, "run_after")
