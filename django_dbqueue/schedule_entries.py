@@ -116,8 +116,8 @@ def schedule_job(
     """Create the stored schedule entry ``name``, or replace the definition of the one there is
     (keeping its ticks' progress); returns the ``ScheduleEntry``.
 
-    Give exactly one of ``cron`` (a 5-field expression, read in ``timezone``, else
-    ``TIME_ZONE``) and ``every`` (seconds or a ``timedelta``, aligned to the Unix epoch).
+    Give exactly one of ``cron`` (a 5-field expression, read in ``timezone``, an IANA zone
+    name, else ``TIME_ZONE``; six or seven fields are refused) and ``every`` (seconds or a ``timedelta``, aligned to the Unix epoch).
     ``catch_up``: ``"none"``, ``"latest"`` or ``"all"`` (with ``catch_up_window`` seconds, one
     day by default) for ticks missed while no worker ran. Raises :class:`ScheduleError` naming
     what is wrong (unknown job type, bad cron, unknown zone, a payload JSON cannot carry, ...).
