@@ -80,6 +80,9 @@ def check_name(where, name, limit=MAX_NAME):
         )
     if len(name) > limit:
         raise InvalidArgument(f"{where}: the name is {len(name)} characters long; at most {limit}")
+    problem = validation.text_problem(name)  # a NUL, or a lone surrogate (surrogateescape)
+    if problem:
+        raise InvalidArgument(f"{where}: the name {validation.shown(name)} {problem}")
 
 
 def check_step(name, fn):
