@@ -17,9 +17,10 @@ import select
 import time
 
 import psycopg
+from asgiref.sync import sync_to_async
 from psycopg import sql
 
-from . import validation
+from . import schema, validation
 from .conf import get_settings
 from .connections import connect
 from .exceptions import DBQueueError, InvalidArgument, JobCancelled
@@ -95,7 +96,9 @@ SELECT state, result::text, errors -> -1, cancelled_by FROM dbqueue_job WHERE id
 
 def _outcome(conn, job_id):
     """``(True, result)`` for a finished job (or raises for a dead or cancelled one),
-    ``(False, None)`` for one that has not finished."""
+    ``(False, None)`` for one that has not finished. A database without the queue's tables
+    raises psycopg's error here; the callers turn it into ``NotMigrated`` (the read runs on the
+    waiter's own connection, so a caller's transaction is untouched: ``aborted=False``)."""
     row = conn.execute(READ_RESULT, [job_id]).fetchone()
     if row is None:
         raise JobNotFound(f"no job #{job_id} (it never existed, or retention deleted it)")
@@ -157,7 +160,11 @@ def wait_for_result(job_id, timeout=None, *, using=None):
     with _open(using) as conn:
         poll = POLL_FIRST
         while True:
-            finished, result = _outcome(conn, job_id)
+            try:
+                finished, result = _outcome(conn, job_id)
+            except psycopg.ProgrammingError as exc:
+                schema.raise_if_unmigrated(exc, using, aborted=False)
+                raise
             if finished:
                 return result
             left = None if deadline is None else deadline - time.monotonic()
@@ -190,7 +197,12 @@ async def await_result(job_id, timeout=None, *, using=None):
     try:
         poll = POLL_FIRST
         while True:
-            finished, result = await asyncio.to_thread(_outcome, conn, job_id)
+            try:
+                finished, result = await asyncio.to_thread(_outcome, conn, job_id)
+            except psycopg.ProgrammingError as exc:
+                # Asked on Django's connection, as async code uses the ORM.
+                await sync_to_async(schema.raise_if_unmigrated)(exc, using, aborted=False)
+                raise
             if finished:
                 return result
             left = None if deadline is None else deadline - loop.time()

@@ -265,10 +265,11 @@ def signal_job(job_id, name, payload=None, *, using=None):
     ``ctx.wait_for_signal(name)`` takes it (the n-th signal of a name goes to the n-th wait of
     it), and a job waiting for it is due at once and its workers are woken after the commit.
     Returns the signal's number among the job's signals of that name, or None when the job does
-    not exist or has finished (nothing is stored)."""
-    from django.db import transaction
+    not exist or has finished (nothing is stored). Raises ``NotMigrated`` on a database without
+    the queue's tables."""
+    from django.db import ProgrammingError, transaction
 
-    from . import wakeup
+    from . import schema, wakeup
     from .jobspec import EnqueuedJob, database
 
     if isinstance(job_id, EnqueuedJob):
@@ -285,8 +286,13 @@ def signal_job(job_id, name, payload=None, *, using=None):
     except payloads.PayloadError as exc:
         raise type(exc)(f"signal_job(): {exc}") from None
     using = database(using)
-    with transaction.atomic(using=using):  # the job's advisory lock orders concurrent signals
-        sent = store.signal_job(using, job_id=job_id, name=name, payload=text)
+    try:
+        with transaction.atomic(using=using):  # the job's advisory lock orders the signals
+            sent = store.signal_job(using, job_id=job_id, name=name, payload=text)
+    except ProgrammingError as exc:
+        # The atomic block rolled its statement back: a caller's transaction goes on.
+        schema.raise_if_unmigrated(exc, using, aborted=False)
+        raise
     if sent is None:
         return None
     queue, seq = sent
