@@ -18,9 +18,10 @@ import time
 
 import psycopg
 from asgiref.sync import sync_to_async
+from django.db import DatabaseError, connections
 from psycopg import sql
 
-from . import schema, validation
+from . import schema, store, validation
 from .conf import get_settings
 from .connections import connect
 from .exceptions import DBQueueError, InvalidArgument, JobCancelled
@@ -112,6 +113,25 @@ def _outcome(conn, job_id):
     return False, None
 
 
+def _raise_if_uncommitted(job_id, using):
+    """The waiter found no job ``job_id``: when the caller's transaction on ``using`` sees it
+    (it enqueued the job and has not committed), say so; else return. Asked only then, on the
+    caller's connection; an aborted transaction there cannot tell, and the not-found stands."""
+    if not connections[using].in_atomic_block:
+        return
+    try:
+        seen = store.job_status(using, job_id) is not None
+    except DatabaseError:
+        return
+    if seen:
+        raise InvalidArgument(
+            f"wait_for_result(): job #{job_id} is not committed yet: it was enqueued in the "
+            "transaction open on this connection (transaction.atomic()), which no worker can "
+            "see, so it cannot finish inside this transaction. Wait for it after the atomic "
+            "block commits (for example from transaction.on_commit())"
+        )
+
+
 def _names(payload, job_id):
     """Whether a notification's payload names ``job_id`` (or says to look again: ``*``)."""
     return payload == "*" or str(job_id) in payload.split(",")
@@ -152,8 +172,8 @@ def wait_for_result(job_id, timeout=None, *, using=None):
     decoded result; raise ``JobFailed`` (with its last error) for a dead job, ``JobCancelled``
     for a cancelled one, ``JobNotFound`` when there is no such job, and ``TimeoutError`` when
     it has not finished within ``timeout`` seconds (None: no limit). Holds no transaction open;
-    call it outside ``transaction.atomic()`` when the job was enqueued there (it can only finish
-    after that commit)."""
+    call it outside ``transaction.atomic()`` when the job was enqueued there: it can only finish
+    after that commit, and inside the block ``InvalidArgument`` says so at once."""
     (job_id, using), timeout = _job_id(job_id, using), _timeout(timeout)
     using = database(using)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -164,6 +184,9 @@ def wait_for_result(job_id, timeout=None, *, using=None):
                 finished, result = _outcome(conn, job_id)
             except psycopg.ProgrammingError as exc:
                 schema.raise_if_unmigrated(exc, using, aborted=False)
+                raise
+            except JobNotFound:
+                _raise_if_uncommitted(job_id, using)
                 raise
             if finished:
                 return result
