@@ -33,7 +33,8 @@ NEVER = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)
 class Suspend(BaseException):
     """A durable wait ends the run here (ctx.sleep, ctx.wait_for_signal): the job goes back to
     pending, its attempt not spent, due at ``until``. A BaseException, so that a handler's
-    ``except Exception`` does not swallow it."""
+    ``except Exception`` does not swallow it; one that catches it all the same does not undo
+    it (``_suspend``)."""
 
     def __init__(self, until, reason, seen=None):
         super().__init__(reason)
@@ -41,15 +42,17 @@ class Suspend(BaseException):
 
 
 class Steps:
-    """One run's steps: the recorded ones (read once, at its first step) and how many times
-    each name was called so far in this run."""
+    """One run's steps: the recorded ones (read once, at its first step), how many times each
+    name was called so far in this run, and the durable wait that ended the run, if one did
+    (``suspended``: its :class:`Suspend`)."""
 
-    __slots__ = ("_calls", "_lock", "_recorded")
+    __slots__ = ("_calls", "_lock", "_recorded", "suspended")
 
     def __init__(self):
         self._recorded = None
         self._calls = {}
         self._lock = threading.Lock()
+        self.suspended = None
 
     def key(self, name):
         """``(name, occurrence)`` of a new call of step ``name`` in this run."""
@@ -71,6 +74,29 @@ class Steps:
             raise _lost(ctx, "before it ran")
         self._recorded = recorded
         return recorded
+
+
+def _suspend(ctx, until, reason, seen=None):
+    """End the run in a durable wait. The context remembers it: a handler that catches the
+    :class:`Suspend` (``except BaseException``) cannot carry the run on past it, since every
+    later step or wait of the run raises it again (:func:`raise_if_suspended`), and the run's
+    end reads :func:`suspension` whatever the handler returned or raised."""
+    suspended = Suspend(until, reason, seen)
+    _runs(ctx).suspended = suspended
+    raise suspended
+
+
+def suspension(ctx):
+    """The :class:`Suspend` that ended ``ctx``'s run, or None (execution.run_handler)."""
+    runs = ctx._steps
+    return None if runs is None else runs.suspended
+
+
+def raise_if_suspended(ctx):
+    """Raise again the wait that ended this run, if one did: nothing durable happens after it."""
+    suspended = suspension(ctx)
+    if suspended is not None:
+        raise suspended
 
 
 def check_name(where, name, limit=MAX_NAME):
@@ -126,6 +152,7 @@ def stored(ctx, key):
     to run, and the run must still hold the job. Records are read once per run; a run that may
     have lost its lease (a zombie that another run overtook) reads them again, fenced, so that it
     never runs a step that run recorded. Raises ``LeaseLost`` when the run was given up."""
+    raise_if_suspended(ctx)  # a step after a swallowed wait: the run ended at the wait
     runs = ctx._steps
     recorded = runs.recorded(ctx)
     if key in recorded:
@@ -218,6 +245,7 @@ def sleep(ctx, name, *, seconds=None, until=None):
         )
     _outside_batches(ctx, where)
     _outside_transactions(ctx, where)
+    raise_if_suspended(ctx)
     key = _runs(ctx).key(SLEEP + name)
     found, value = stored(ctx, key)
     now = store.db_now(ctx.using)
@@ -227,7 +255,7 @@ def sleep(ctx, name, *, seconds=None, until=None):
         ends = until if until is not None else now + datetime.timedelta(seconds=seconds)
         record(ctx, key, encode(name, {"until": ends.isoformat()}))
     if now < ends:
-        raise Suspend(ends, SLEEP + name)
+        _suspend(ctx, ends, SLEEP + name)
 
 
 def wait_for_signal(ctx, name, timeout=None):
@@ -239,6 +267,7 @@ def wait_for_signal(ctx, name, timeout=None):
     timeout = _seconds(where, timeout, allow_none=True)
     _outside_batches(ctx, where)
     _outside_transactions(ctx, where)
+    raise_if_suspended(ctx)
     key = _runs(ctx).key(SIGNAL + name)
     has_signal, payload, seen, now = store.read_signal(
         ctx.using, job_id=ctx.id, name=name, seq=key[1]
@@ -256,7 +285,7 @@ def wait_for_signal(ctx, name, timeout=None):
             f"job #{ctx.id}: no signal {name!r} came before the wait's deadline, "
             f"{deadline.isoformat()}"
         )
-    raise Suspend(NEVER if deadline is None else deadline, SIGNAL + name, seen=seen)
+    _suspend(ctx, NEVER if deadline is None else deadline, SIGNAL + name, seen=seen)
 
 
 def signal_job(job_id, name, payload=None, *, using=None):
