@@ -166,7 +166,8 @@ def _cron(where, cron):
             "dbqueue.E008",
             "cron",
         )
-    if (fields != 5 and cron.strip() not in _NICKNAMES) or not croniter.is_valid(cron):
+    named = isinstance(cron, str) and cron.strip() in _NICKNAMES
+    if not isinstance(cron, str) or (fields != 5 and not named) or not croniter.is_valid(cron):
         _fail(
             f"{where}['cron'] {validation.shown(cron)} is not a valid cron expression "
             f"(five fields: {_FIVE_FIELDS})",

@@ -147,6 +147,8 @@ def test_three_schedulers_racing_make_exactly_one_job_per_tick(settings):
         ),
         ({"cron": "* * * * * * *", "type": "noop"}, "dbqueue.E008", "has 7 fields"),
         ({"cron": "0 3 * *", "type": "noop"}, "dbqueue.E008", "not a valid cron expression"),
+        ({"cron": 5, "type": "noop"}, "dbqueue.E008", "5 is not a valid cron expression"),
+        ({"cron": ["0 3 * * *"], "type": "noop"}, "dbqueue.E008", "not a valid cron expression"),
         # Names of files in the zone directory that are no IANA zone.
         (
             {"cron": "0 3 * * *", "type": "noop", "timezone": "localtime"},
@@ -344,6 +346,16 @@ def test_only_iana_zone_names_are_accepted(zone):
         parse_entry("nightly", entry, get_settings())
     assert caught.value.field == "timezone"
     assert "is not an IANA time zone name" in str(caught.value)
+
+
+def test_croniters_names_of_five_field_expressions_are_accepted():
+    from django_dbqueue.schedule_parser import parse_entry
+
+    for name in ("@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly"):
+        entry = {"cron": name, "type": "noop", "timezone": "UTC"}
+        schedule = parse_entry("named", entry, get_settings())
+        first = schedule.next_tick(at(2026, 7, 1, 0, 30))
+        assert first.second == 0 and first.minute == 0, (name, first)
 
 
 def test_a_zone_in_the_wrong_case_is_refused_with_the_name_it_means():
