@@ -18,7 +18,7 @@ import time
 
 import psycopg
 from asgiref.sync import sync_to_async
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 from psycopg import sql
 
 from . import schema, store, validation
@@ -120,7 +120,8 @@ def _raise_if_uncommitted(job_id, using):
     if not connections[using].in_atomic_block:
         return
     try:
-        seen = store.job_status(using, job_id) is not None
+        with transaction.atomic(using=using):  # a savepoint: a failure here harms nothing
+            seen = store.job_status(using, job_id) is not None
     except DatabaseError:
         return
     if seen:
