@@ -165,14 +165,19 @@ def _existing(using, event, key):
     return PublishedEvent(rows[0][0], False, event, jobs)
 
 
+@schema.explains_unmigrated
 def replay_event(event_id, subscribers=None, *, using=None):
     """Deliver an already published event to ``subscribers`` (job type names; default: every
-    current subscriber of its name) that have no job for it: each gets one, as if it had
-    subscribed when the event was published. A subscriber that has its job gets nothing new.
-    Returns the jobs created (a list of ``EnqueuedJob``). In the caller's transaction.
+    current subscriber of its name) that never got a job for it: each gets one, as if it had
+    subscribed when the event was published. A subscriber that got its job once gets nothing
+    new, also after retention deleted that job or it was cancelled: the event's
+    ``subscribers`` list, which publish() and every replay extend with the types that got a
+    job, is what the replay reads, under the event's row lock. Returns the jobs created (a
+    list of ``EnqueuedJob``). In the caller's transaction.
 
-    Raises ``EnqueueError`` when no event has that id (never published, or pruned), and as
-    ``publish()`` does for the subscribers.
+    Raises ``EnqueueError`` when no event has that id (never published, or pruned), as
+    ``publish()`` does for the subscribers, and ``NotMigrated`` on a database without the
+    queue's tables.
     """
     conf = get_settings()
     using = database(using, conf)

@@ -4,6 +4,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import ProgrammingError
 
 MAX_WAIT = 10 * 366 * 86400.0  # seconds: the longest snooze or durable sleep
+# Seconds: the longest delay RetryJob takes, the longest a retry is given at all (a backoff's
+# longer delay is capped to it: outcomes.MAX_DELAY).
+MAX_RETRY_DELAY = 30 * 86400.0
 
 
 class DBQueueError(Exception):
@@ -114,14 +117,22 @@ class RetryJob(Exception):
     """Raise from a handler to retry after ``delay`` seconds instead of the type's backoff.
 
     The attempt still counts: a job that keeps asking for a retry dies after ``max_attempts``.
+    A delay past 30 days (``MAX_RETRY_DELAY``) raises ``InvalidArgument`` (a ``ValueError``).
     """
 
     def __init__(self, delay=0.0, reason=""):
         if hasattr(delay, "total_seconds"):
             delay = delay.total_seconds()
-        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 1e12:
-            raise ValueError(
-                f"RetryJob delay must be a finite number of seconds >= 0, got {delay!r}"
+        if (
+            isinstance(delay, bool)
+            or not isinstance(delay, int | float)
+            or not 0 <= delay <= MAX_RETRY_DELAY  # also NaN and inf
+        ):
+            from .validation import shown  # an int too long for repr() is described
+
+            raise InvalidArgument(
+                f"RetryJob(delay): a number of seconds from 0 to {MAX_RETRY_DELAY:.0f} (30 "
+                f"days, the longest retry delay), got {shown(delay)}"
             )
         self.delay = float(delay)
         self.reason = reason

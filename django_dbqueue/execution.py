@@ -36,7 +36,7 @@ from .connections import close_side_connections, discard_connection
 from .exceptions import DiscardJob, JobCancelled, RetryJob, Snooze, UnreadableJob
 from .inflight import BatchRun
 from .outcomes import ResultError, clamp_delay, encode_result, error_record
-from .steps import Suspend
+from .steps import Suspend, suspension
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -146,12 +146,15 @@ def run_handler(ctx, token, *, conf, worker_id, loop=None, given_up=lambda: Fals
                     raise _FencedOut
             return Outcome("committed", cancelled_by=ended[ctx.id])
         result = _call(job_type, ctx, loop, job_type.timeout)
+        if (suspended := suspension(ctx)) is not None:
+            raise suspended  # the handler caught its durable wait: the run still ended there
         if isinstance(result, Snooze):
             return Outcome("snooze", delay=result.seconds)
         return Outcome("success", result=encode_result(result))
     except _FencedOut:
         return Outcome("fenced")
     except BaseException as exc:
+        exc = suspension(ctx) or exc  # whatever the handler raised after a swallowed wait
         return exception_outcome(exc, ctx, job_type, conf=conf, worker_id=worker_id)
 
 

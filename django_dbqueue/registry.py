@@ -16,6 +16,12 @@ _UNSET: Any = object()
 MAX_LEASE = 86400.0  # seconds: a lease or timeout longer than a day is a mistake (heartbeats renew)
 
 
+class JobNameTypeError(JobRegistrationError, TypeError):
+    """``@job``'s first argument, the type name, is not a str (``@job(["x"])``, or a bare
+    ``@job`` given the function): a ``TypeError``, and a ``JobRegistrationError`` as every
+    other refusal of ``@job``."""
+
+
 @dataclass(frozen=True)
 class JobType:
     """A registered handler and its options. ``None`` options fall back to the settings."""
@@ -152,6 +158,12 @@ def _validate_options(
     name, queue, max_attempts, lease, backoff, timeout, priority, global_concurrency, rate_limit
 ):
     error = JobRegistrationError
+    if not isinstance(name, str):
+        bare = ' (a bare @job: give the type\'s name, @job("type-name"))' if callable(name) else ""
+        raise JobNameTypeError(
+            "@job(name): the job type name must be a str, such as "
+            f'@job("send-invoice-email"), got {type(name).__name__} {validation.shown(name)}{bare}'
+        )
     validation.type_name(name, "@job type name", error=error)
     where = f"@job({name!r})"
     if queue is not None:

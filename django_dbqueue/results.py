@@ -16,9 +16,11 @@ import select
 import time
 
 import psycopg
+from asgiref.sync import sync_to_async
+from django.db import DatabaseError, connections, transaction
 from psycopg import sql
 
-from . import decoding, validation
+from . import decoding, schema, store, validation
 from .conf import get_settings
 from .connections import connect
 from .exceptions import DBQueueError, InvalidArgument, JobCancelled
@@ -94,7 +96,9 @@ SELECT state, result::text, errors -> -1, cancelled_by FROM dbqueue_job WHERE id
 
 def _outcome(conn, job_id):
     """``(True, result)`` for a finished job (or raises for a dead or cancelled one),
-    ``(False, None)`` for one that has not finished."""
+    ``(False, None)`` for one that has not finished. A database without the queue's tables
+    raises psycopg's error here; the callers turn it into ``NotMigrated`` (the read runs on the
+    waiter's own connection, so a caller's transaction is untouched: ``aborted=False``)."""
     row = conn.execute(READ_RESULT, [job_id]).fetchone()
     if row is None:
         raise JobNotFound(f"no job #{job_id} (it never existed, or retention deleted it)")
@@ -106,6 +110,26 @@ def _outcome(conn, job_id):
     if state == "cancelled":
         raise JobCancelled(f"job #{job_id} was cancelled (by {cancelled_by or '?'})")
     return False, None
+
+
+def _raise_if_uncommitted(job_id, using):
+    """The waiter found no job ``job_id``: when the caller's transaction on ``using`` sees it
+    (it enqueued the job and has not committed), say so; else return. Asked only then, on the
+    caller's connection; an aborted transaction there cannot tell, and the not-found stands."""
+    if not connections[using].in_atomic_block:
+        return
+    try:
+        with transaction.atomic(using=using):  # a savepoint: a failure here harms nothing
+            seen = store.job_status(using, job_id) is not None
+    except DatabaseError:
+        return
+    if seen:
+        raise InvalidArgument(
+            f"wait_for_result(): job #{job_id} is not committed yet: it was enqueued in the "
+            "transaction open on this connection (transaction.atomic()), which no worker can "
+            "see, so it cannot finish inside this transaction. Wait for it after the atomic "
+            "block commits (for example from transaction.on_commit())"
+        )
 
 
 def _names(payload, job_id):
@@ -148,15 +172,22 @@ def wait_for_result(job_id, timeout=None, *, using=None):
     decoded result; raise ``JobFailed`` (with its last error) for a dead job, ``JobCancelled``
     for a cancelled one, ``JobNotFound`` when there is no such job, and ``TimeoutError`` when
     it has not finished within ``timeout`` seconds (None: no limit). Holds no transaction open;
-    call it outside ``transaction.atomic()`` when the job was enqueued there (it can only finish
-    after that commit)."""
+    call it outside ``transaction.atomic()`` when the job was enqueued there: it can only finish
+    after that commit, and inside the block ``InvalidArgument`` says so at once."""
     (job_id, using), timeout = _job_id(job_id, using), _timeout(timeout)
     using = database(using)
     deadline = None if timeout is None else time.monotonic() + timeout
     with _open(using) as conn:
         poll = POLL_FIRST
         while True:
-            finished, result = _outcome(conn, job_id)
+            try:
+                finished, result = _outcome(conn, job_id)
+            except psycopg.ProgrammingError as exc:
+                schema.raise_if_unmigrated(exc, using, aborted=False)
+                raise
+            except JobNotFound:
+                _raise_if_uncommitted(job_id, using)
+                raise
             if finished:
                 return result
             left = None if deadline is None else deadline - time.monotonic()
@@ -189,7 +220,12 @@ async def await_result(job_id, timeout=None, *, using=None):
     try:
         poll = POLL_FIRST
         while True:
-            finished, result = await asyncio.to_thread(_outcome, conn, job_id)
+            try:
+                finished, result = await asyncio.to_thread(_outcome, conn, job_id)
+            except psycopg.ProgrammingError as exc:
+                # Asked on Django's connection, as async code uses the ORM.
+                await sync_to_async(schema.raise_if_unmigrated)(exc, using, aborted=False)
+                raise
             if finished:
                 return result
             left = None if deadline is None else deadline - loop.time()

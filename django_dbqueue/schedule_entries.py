@@ -27,10 +27,10 @@ of this and the validation: use these functions.
 import datetime
 import logging
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, ProgrammingError, transaction
 from django.db.models.functions import Now
 
-from . import scheduler, store
+from . import scheduler, schema, store
 from .conf import get_settings
 from .schedule_parser import ScheduleError
 
@@ -116,8 +116,8 @@ def schedule_job(
     """Create the stored schedule entry ``name``, or replace the definition of the one there is
     (keeping its ticks' progress); returns the ``ScheduleEntry``.
 
-    Give exactly one of ``cron`` (a 5-field expression, read in ``timezone``, else
-    ``TIME_ZONE``) and ``every`` (seconds or a ``timedelta``, aligned to the Unix epoch).
+    Give exactly one of ``cron`` (a 5-field expression, read in ``timezone``, an IANA zone
+    name, else ``TIME_ZONE``; six or seven fields are refused) and ``every`` (seconds or a ``timedelta``, aligned to the Unix epoch).
     ``catch_up``: ``"none"``, ``"latest"`` or ``"all"`` (with ``catch_up_window`` seconds, one
     day by default) for ticks missed while no worker ran. Raises :class:`ScheduleError` naming
     what is wrong (unknown job type, bad cron, unknown zone, a payload JSON cannot carry, ...).
@@ -146,7 +146,11 @@ def update_schedule(name, *, using=None, **changes):
     from .models import ScheduleEntry
 
     using = using or get_settings().DATABASE
-    entry = ScheduleEntry.objects.using(using).filter(name=name).first()
+    try:
+        entry = ScheduleEntry.objects.using(using).filter(name=name).first()
+    except ProgrammingError as exc:
+        schema.raise_if_unmigrated(exc, using)  # in the caller's transaction, if any
+        raise
     if entry is None:
         raise ScheduleError(f"no stored schedule entry is named {name!r}", field="name")
     new_name = changes.pop("name", name)
@@ -165,19 +169,34 @@ def unschedule_job(name, using=None):
     from .models import ScheduleEntry
 
     using = using or get_settings().DATABASE
-    entry_id = ScheduleEntry.objects.using(using).filter(name=name).values_list("pk").first()
+    try:
+        entry_id = ScheduleEntry.objects.using(using).filter(name=name).values_list("pk").first()
+    except ProgrammingError as exc:
+        schema.raise_if_unmigrated(exc, using)  # in the caller's transaction, if any
+        raise
     return entry_id is not None and delete_entry(entry_id[0], using=using)
 
 
 def save_entry(name, fields, *, entry_id=None, using=None):
     """Create (``entry_id`` None and no entry of that ``name``) or edit a stored entry: validate,
-    lock, enqueue what came due under the old definition, write. Returns the ``ScheduleEntry``."""
-    from .models import ScheduleEntry
-
+    lock, enqueue what came due under the old definition, write. Returns the ``ScheduleEntry``;
+    raises ``NotMigrated`` on a database without the queue's tables."""
     conf = get_settings()
     using = using or conf.DATABASE
     fields = _normalised({**DEFAULTS, **fields})
     validate(name, fields, conf)
+    try:
+        return _save(name, fields, entry_id, using, conf)
+    except ProgrammingError as exc:
+        # Its statements ran in an atomic block, rolled back: a caller's transaction goes on.
+        schema.raise_if_unmigrated(exc, using, aborted=False)
+        raise
+
+
+def _save(name, fields, entry_id, using, conf):
+    """:func:`save_entry` once ``fields`` are valid: in an atomic block on ``using``."""
+    from .models import ScheduleEntry
+
     entries = ScheduleEntry.objects.using(using)
     with transaction.atomic(using=using):
         if entry_id is None:

@@ -7,7 +7,9 @@ all call :func:`parse_entry`, so one mistake reads the same wherever it is made.
 
 import datetime
 import difflib
+import functools
 import json
+import zoneinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
@@ -127,13 +129,8 @@ def _timing(where, entry):
             "cron",
         )
     cron, every = entry.get("cron"), entry.get("every")
-    if cron is not None and (not isinstance(cron, str) or not croniter.is_valid(cron)):
-        _fail(
-            f"{where}['cron'] {validation.shown(cron)} is not a valid cron expression "
-            "(five fields: minute hour day-of-month month day-of-week, such as '0 3 * * *')",
-            "dbqueue.E008",
-            "cron",
-        )
+    if cron is not None:
+        _cron(where, cron)
     if every is not None:
         every = validation.seconds(
             every, f"{where}['every']", error=_wrong("every", "dbqueue.E008")
@@ -145,6 +142,38 @@ def _timing(where, entry):
                 "every",
             )
     return cron, every
+
+
+# The five fields, named in every refusal of an expression.
+_FIVE_FIELDS = "minute hour day-of-month month day-of-week, such as '0 3 * * *'"
+# croniter's names for five-field expressions ("@daily" is "0 0 * * *"), accepted as those.
+_NICKNAMES = frozenset(
+    {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
+)
+
+
+def _cron(where, cron):
+    """A cron expression of exactly five fields (or one of croniter's names for one). croniter
+    also takes six and seven, reading the sixth as *seconds* (and the seventh as the year):
+    ``0 0 3 * * *``, Quartz's 03:00, would tick every second of 00:00 on the 3rd."""
+    fields = len(cron.split()) if isinstance(cron, str) else 0
+    if fields > 5:
+        _fail(
+            f"{where}['cron'] {validation.shown(cron)} has {fields} fields; a cron expression "
+            f"here has exactly five ({_FIVE_FIELDS}). A sixth field would be read as seconds "
+            "(so the entry would tick every second) and a seventh as the year: write the "
+            "minute first, as classic cron does",
+            "dbqueue.E008",
+            "cron",
+        )
+    named = isinstance(cron, str) and cron.strip() in _NICKNAMES
+    if not isinstance(cron, str) or (fields != 5 and not named) or not croniter.is_valid(cron):
+        _fail(
+            f"{where}['cron'] {validation.shown(cron)} is not a valid cron expression "
+            f"(five fields: {_FIVE_FIELDS})",
+            "dbqueue.E008",
+            "cron",
+        )
 
 
 def _catch_up(where, entry):
@@ -173,19 +202,57 @@ def _catch_up(where, entry):
     return policy, window
 
 
+# Files of the zone directory that ZoneInfo loads but that name no IANA zone: the host's own
+# zone (a link to /etc/localtime, which differs from host to host), tzcode's template for POSIX
+# TZ strings, and the placeholder of an unset zone (abbreviated "-00").
+_NOT_ZONES = frozenset({"localtime", "posixrules", "Factory"})
+
+
+@functools.cache
+def _iana_zones():
+    """The IANA zone names this Python knows (the system's database, or the tzdata package);
+    read once: it walks the zone directory. Without the "posix/" and "right/" trees (the same
+    zones again, and zones counting leap seconds, which ZoneInfo reads with a wrong offset)."""
+    return frozenset(zoneinfo.available_timezones()) - _NOT_ZONES
+
+
 def _zone(where, zone):
     """The entry's time zone name: its own, else ``TIME_ZONE``, else UTC."""
     if zone is None:
         return settings.TIME_ZONE or "UTC"
+    if isinstance(zone, str) and (zone in _NOT_ZONES or zone.startswith(("posix/", "right/"))):
+        _fail(
+            f"{where}['timezone'] {validation.shown(zone)} is not an IANA time zone name (it "
+            "is a file of the zone directory, not a zone: give a name such as 'Europe/Berlin' "
+            "or 'UTC')",
+            field="timezone",
+        )
     try:
         ZoneInfo(zone)
     except (ZoneInfoNotFoundError, ValueError, TypeError):
         _fail(
             f"{where}['timezone'] {validation.shown(zone)} is not a known time zone "
-            "(an IANA name such as 'Europe/Berlin' or 'UTC')",
+            f"(an IANA name such as 'Europe/Berlin' or 'UTC'){_zone_hint(zone)}",
+            field="timezone",
+        )
+    if zone not in _iana_zones():
+        _fail(
+            f"{where}['timezone'] {validation.shown(zone)} is not an IANA time zone name "
+            f"(such as 'Europe/Berlin' or 'UTC'){_zone_hint(zone)}",
             field="timezone",
         )
     return zone
+
+
+def _zone_hint(zone):
+    """``; did you mean ...?`` with the zone names closest to ``zone``, or nothing."""
+    if not isinstance(zone, str) or not zone:
+        return ""
+    by_lower = {name.lower(): name for name in _iana_zones()}
+    if zone.lower() in by_lower:
+        return f"; did you mean {by_lower[zone.lower()]!r}?"
+    close = difflib.get_close_matches(zone, sorted(_iana_zones()), n=3)
+    return f"; did you mean {', '.join(map(repr, close))}?" if close else ""
 
 
 def stored_entry(

@@ -33,7 +33,8 @@ NEVER = datetime.datetime(9999, 1, 1, tzinfo=datetime.UTC)
 class Suspend(BaseException):
     """A durable wait ends the run here (ctx.sleep, ctx.wait_for_signal): the job goes back to
     pending, its attempt not spent, due at ``until``. A BaseException, so that a handler's
-    ``except Exception`` does not swallow it."""
+    ``except Exception`` does not swallow it; one that catches it all the same does not undo
+    it (``_suspend``)."""
 
     def __init__(self, until, reason, seen=None):
         super().__init__(reason)
@@ -41,15 +42,17 @@ class Suspend(BaseException):
 
 
 class Steps:
-    """One run's steps: the recorded ones (read once, at its first step) and how many times
-    each name was called so far in this run."""
+    """One run's steps: the recorded ones (read once, at its first step), how many times each
+    name was called so far in this run, and the durable wait that ended the run, if one did
+    (``suspended``: its :class:`Suspend`)."""
 
-    __slots__ = ("_calls", "_lock", "_recorded")
+    __slots__ = ("_calls", "_lock", "_recorded", "suspended")
 
     def __init__(self):
         self._recorded = None
         self._calls = {}
         self._lock = threading.Lock()
+        self.suspended = None
 
     def key(self, name):
         """``(name, occurrence)`` of a new call of step ``name`` in this run."""
@@ -73,6 +76,29 @@ class Steps:
         return recorded
 
 
+def _suspend(ctx, until, reason, seen=None):
+    """End the run in a durable wait. The context remembers it: a handler that catches the
+    :class:`Suspend` (``except BaseException``) cannot carry the run on past it, since every
+    later step or wait of the run raises it again (:func:`raise_if_suspended`), and the run's
+    end reads :func:`suspension` whatever the handler returned or raised."""
+    suspended = Suspend(until, reason, seen)
+    _runs(ctx).suspended = suspended
+    raise suspended
+
+
+def suspension(ctx):
+    """The :class:`Suspend` that ended ``ctx``'s run, or None (execution.run_handler)."""
+    runs = ctx._steps
+    return None if runs is None else runs.suspended
+
+
+def raise_if_suspended(ctx):
+    """Raise again the wait that ended this run, if one did: nothing durable happens after it."""
+    suspended = suspension(ctx)
+    if suspended is not None:
+        raise suspended
+
+
 def check_name(where, name, limit=MAX_NAME):
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgument(
@@ -80,6 +106,9 @@ def check_name(where, name, limit=MAX_NAME):
         )
     if len(name) > limit:
         raise InvalidArgument(f"{where}: the name is {len(name)} characters long; at most {limit}")
+    problem = validation.text_problem(name)  # a NUL, or a lone surrogate (surrogateescape)
+    if problem:
+        raise InvalidArgument(f"{where}: the name {validation.shown(name)} {problem}")
 
 
 def check_step(name, fn):
@@ -130,6 +159,7 @@ def stored(ctx, key):
     to run, and the run must still hold the job. Records are read once per run; a run that may
     have lost its lease (a zombie that another run overtook) reads them again, fenced, so that it
     never runs a step that run recorded. Raises ``LeaseLost`` when the run was given up."""
+    raise_if_suspended(ctx)  # a step after a swallowed wait: the run ended at the wait
     runs = ctx._steps
     recorded = runs.recorded(ctx)
     if key in recorded:
@@ -255,6 +285,7 @@ def sleep(ctx, name, *, seconds=None, until=None):
         validation.timestamp(until, f"{where}: when", error=InvalidArgument)
     _outside_batches(ctx, where)
     _outside_transactions(ctx, where)
+    raise_if_suspended(ctx)
     key = _runs(ctx).key(SLEEP + name)
     found, value = stored(ctx, key)
     now = store.db_now(ctx.using)
@@ -264,7 +295,7 @@ def sleep(ctx, name, *, seconds=None, until=None):
         ends = until if until is not None else now + datetime.timedelta(seconds=seconds)
         record(ctx, key, encode(name, {"until": ends.isoformat()}))
     if now < ends:
-        raise Suspend(ends, SLEEP + name)
+        _suspend(ctx, ends, SLEEP + name)
 
 
 def wait_for_signal(ctx, name, timeout=None):
@@ -276,6 +307,7 @@ def wait_for_signal(ctx, name, timeout=None):
     timeout = _seconds(where, timeout, allow_none=True)
     _outside_batches(ctx, where)
     _outside_transactions(ctx, where)
+    raise_if_suspended(ctx)
     key = _runs(ctx).key(SIGNAL + name)
     has_signal, payload, seen, now = store.read_signal(
         ctx.using, job_id=ctx.id, name=name, seq=key[1]
@@ -293,7 +325,7 @@ def wait_for_signal(ctx, name, timeout=None):
             f"job #{ctx.id}: no signal {name!r} came before the wait's deadline, "
             f"{deadline.isoformat()}"
         )
-    raise Suspend(NEVER if deadline is None else deadline, SIGNAL + name, seen=seen)
+    _suspend(ctx, NEVER if deadline is None else deadline, SIGNAL + name, seen=seen)
 
 
 def signal_job(job_id, name, payload=None, *, using=None):
@@ -302,10 +334,11 @@ def signal_job(job_id, name, payload=None, *, using=None):
     ``ctx.wait_for_signal(name)`` takes it (the n-th signal of a name goes to the n-th wait of
     it), and a job waiting for it is due at once and its workers are woken after the commit.
     Returns the signal's number among the job's signals of that name, or None when the job does
-    not exist or has finished (nothing is stored)."""
-    from django.db import transaction
+    not exist or has finished (nothing is stored). Raises ``NotMigrated`` on a database without
+    the queue's tables."""
+    from django.db import ProgrammingError, transaction
 
-    from . import wakeup
+    from . import schema, wakeup
     from .jobspec import EnqueuedJob, database
 
     if isinstance(job_id, EnqueuedJob):
@@ -322,8 +355,13 @@ def signal_job(job_id, name, payload=None, *, using=None):
     except payloads.PayloadError as exc:
         raise type(exc)(f"signal_job(): {exc}") from None
     using = database(using)
-    with transaction.atomic(using=using):  # the job's advisory lock orders concurrent signals
-        sent = store.signal_job(using, job_id=job_id, name=name, payload=text)
+    try:
+        with transaction.atomic(using=using):  # the job's advisory lock orders the signals
+            sent = store.signal_job(using, job_id=job_id, name=name, payload=text)
+    except ProgrammingError as exc:
+        # The atomic block rolled its statement back: a caller's transaction goes on.
+        schema.raise_if_unmigrated(exc, using, aborted=False)
+        raise
     if sent is None:
         return None
     queue, seq = sent

@@ -2,7 +2,6 @@
 finished) and the queue dashboard's URL."""
 
 from django.contrib import admin, messages
-from django.contrib.admin.actions import delete_selected
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 from django.db.models import Case, CharField, Q, When
@@ -15,7 +14,7 @@ from .. import cancellation, names, store, wakeup
 from ..conf import get_settings
 from ..models import UNIQUE_HELD, BackgroundJob
 from ..states import FINISHED_STATES, JobState
-from . import readable
+from . import finished_delete, readable
 from .common import CappedCountPaginator, exact_search, pre, shorten
 from .dashboard_page import dashboard_context
 from .events import event_link
@@ -162,24 +161,20 @@ class BackgroundJobAdmin(admin.ModelAdmin):
         description="Delete finished jobs (done, dead or cancelled)", permissions=["delete"]
     )
     def delete_finished(self, request, queryset):
-        """Django's confirm-then-delete, over the finished jobs of the selection only."""
-        ids = list(queryset.values_list("id", flat=True))
-        finished = queryset.filter(state__in=FINISHED_STATES)
-        refused = len(ids) - finished.count()
-        if refused:
-            self.message_user(
-                request,
-                f"{refused} selected job(s) were left alone: only finished jobs (done, dead or "
-                "cancelled) can be deleted; cancel a pending job first, and let a running one "
-                "finish.",
-                messages.WARNING,
-            )
-        if refused == len(ids):
-            return None
-        return delete_selected(self, request, finished)
+        """Confirm, then delete the finished jobs of the selection only: a page of counts and
+        a delete in batches, whatever the selection's size (admin/finished_delete.py)."""
+        return finished_delete.action(self, request, queryset)
 
     def delete_queryset(self, request, queryset):
-        self._delete_finished(request, list(queryset.values_list("id", flat=True)))
+        deleted = finished_delete.delete(queryset)
+        left = queryset.count()
+        if left:
+            self.message_user(
+                request,
+                f"{left} job(s) were not deleted: only finished jobs can be deleted.",
+                messages.WARNING,
+            )
+        return deleted
 
     def delete_model(self, request, obj):
         self._delete_finished(request, [obj.pk])

@@ -2,6 +2,7 @@
 (exit 2 with the usage line) naming the argument and the value."""
 
 import argparse
+import ipaddress
 
 from django_dbqueue import validation
 from django_dbqueue.conf import get_settings
@@ -86,3 +87,24 @@ def port_number(text):
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
     return value
+
+
+def listen_address(text):
+    """A host name or IP address to listen on (``--metrics-addr``): an IP literal, or a name
+    that the resolver can be asked for (IDNA-encodable: no label over 63 characters), with no
+    NUL and no undecodable byte (argv carries one as a lone surrogate)."""
+    if not text:
+        raise argparse.ArgumentTypeError(f"must be a host name or an IP address, got {text!r}")
+    problem = validation.text_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{validation.shown(text)} {problem}")
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        try:
+            text.encode("idna")
+        except UnicodeError as exc:
+            raise argparse.ArgumentTypeError(
+                f"{validation.shown(text)} is not a host name or an IP address ({exc})"
+            ) from None
+    return text

@@ -6,12 +6,14 @@ from ._db import _execute, atomic, int_array, text_array
 from .wakeups import WAKEUPS_WANTED
 
 # A subscriber's job is keyed by its event and its type, so that one event never makes two jobs
-# of one subscriber: a replay that names a subscriber that has its job inserts nothing.
+# of one subscriber while the first exists; the event's subscriber list keeps that true after
+# retention deleted it (REPLAY_EVENT).
 JOB_KEY = "'dbqueue:event:' || e.id || ':' || u.type"
 
 # The subscribers' jobs of the event ``e``, one per element of the arrays (each subscriber's
 # queue, priority, attempts, lease, serial key and fair key, from its @job and the payload, as
 # enqueue() computes them), all due now, each with the event's payload and its event_id.
+# ``{only}``: a WHERE clause on ``e`` and ``u`` (the replay's), or nothing (publish's).
 _SUBSCRIBER_JOBS = f"""
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts,
@@ -24,7 +26,7 @@ FROM event AS e CROSS JOIN unnest(
     %(types)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
     %(leases)s::float8[], %(serial_keys)s::text[], %(fair_keys)s::text[]
 ) WITH ORDINALITY AS u(type, queue, priority, max_attempts, lease, serial_key, fair_key, ord)
-ORDER BY u.ord
+{{only}}ORDER BY u.ord
 """
 
 # publish(): the event and its subscribers' jobs, one round trip in the caller's transaction,
@@ -42,7 +44,7 @@ WITH event AS (
     RETURNING id, payload
 ),
 inserted AS (
-{_SUBSCRIBER_JOBS}
+{_SUBSCRIBER_JOBS.format(only="")}
 RETURNING id, type, queue
 ),
 wanted AS MATERIALIZED ({WAKEUPS_WANTED})
@@ -91,10 +93,21 @@ def event_by_key(using, name, key):
     return _execute(using, SELECT_EVENT_BY_KEY, {"name": name, "key": key})
 
 
-# replay_event(): jobs for the subscribers named, of an event published before they existed (or
-# whose job was pruned). The event's row is locked first, so a concurrent prune (SKIP LOCKED)
-# leaves it, and two replays of one event take turns; a subscriber that has its job (the key of
-# (event, type)) gets nothing new. The event's subscriber list gains the types that got a job.
+# The replay's: only the subscribers that the event's list does not name yet.
+_NEW_SUBSCRIBERS_JOBS = _SUBSCRIBER_JOBS.format(only="WHERE NOT e.subscribers ? u.type\n")
+
+# replay_event(): jobs for the subscribers named, of an event published before they existed.
+# The event's row is locked first, so a concurrent prune (SKIP LOCKED) leaves it, and two
+# replays of one event take turns. A subscriber that ever got a job for the event gets nothing
+# new: the event's ``subscribers`` list is that record (publish() writes it with the jobs, each
+# replay adds the types that got one), so the test reads the list, not the jobs. The jobs are
+# no record: retention deletes a done or cancelled one, and a job deleted by a prune that has
+# not committed yet, or committed after this statement's snapshot, would be invisible here
+# while its subscriber did get it. The list is read under the event's lock, so a replay that
+# waited for another reads the list that one committed (READ COMMITTED re-reads a row it
+# waited to lock). The key of (event, type) stays as a second guard: a job of the key that
+# exists refuses a duplicate whatever the list says. The event's list gains the types that got
+# a job.
 # FOR NO KEY UPDATE, not FOR UPDATE: it conflicts with the prune's FOR UPDATE and with another
 # replay, but not with the FOR KEY SHARE of a repeated publish (SELECT_EVENT_BY_KEY), so two
 # transactions that each repeat a key and then replay its event take turns instead of each
@@ -104,7 +117,7 @@ WITH event AS (
     SELECT id, payload, subscribers FROM dbqueue_event WHERE id = %(event)s FOR NO KEY UPDATE
 ),
 inserted AS (
-{_SUBSCRIBER_JOBS}
+{_NEW_SUBSCRIBERS_JOBS}
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING id, type, queue
 ),

@@ -162,7 +162,9 @@ def request_cancel(using, ids, *, by=None):
 
 
 # Deletes finished jobs (done, dead, cancelled) only: the state test sits in the DELETE itself,
-# so a job requeued since it was selected is left alone. A deleted job's own dependency edges go
+# so a job requeued since it was selected is left alone, and so does the optional bound on
+# finished_at (the admin's confirmation page's time: a job that finished again after it was
+# shown was not confirmed). A deleted job's own dependency edges go
 # with it, as do its steps and signals (docs/steps.md) (one index probe per job; a job that others depended on keeps its edges until those
 # are deleted, so they can still read its result while it exists). Delivery records keep the job's id (no
 # foreign key in the database), as they do when retention prunes a job.
@@ -170,6 +172,7 @@ DELETE_FINISHED_JOBS = """
 WITH deleted AS (
     DELETE FROM dbqueue_job
     WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('done', 'dead', 'cancelled')
+      AND (%(before)s::timestamptz IS NULL OR finished_at <= %(before)s::timestamptz)
     RETURNING id
 ),
 edges AS (
@@ -185,9 +188,12 @@ SELECT id FROM deleted
 """
 
 
-def delete_finished(using, ids):
-    """Delete the done, dead or cancelled jobs among ``ids``; returns the ids deleted."""
-    return {row[0] for row in _execute(using, DELETE_FINISHED_JOBS, {"ids": list(ids)})}
+def delete_finished(using, ids, *, finished_before=None):
+    """Delete the done, dead or cancelled jobs among ``ids`` (that finished at or before
+    ``finished_before``, an aware datetime, when given); returns the ids deleted. One
+    statement: it commits on its own unless a transaction is open on ``using``."""
+    params = {"ids": list(ids), "before": finished_before}
+    return {row[0] for row in _execute(using, DELETE_FINISHED_JOBS, params)}
 
 
 # The ids of dead jobs matching optional filters, in id order after a cursor, for requeueing a

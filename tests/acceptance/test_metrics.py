@@ -145,3 +145,37 @@ def test_metrics_port_without_prometheus_client_fails_before_the_banner(monkeypa
     with pytest.raises(CommandError, match="pip install 'django-dbqueue\\[prometheus\\]'"):
         call_command("run_jobqueue", "--burst", "--metrics-port", str(free_port()), stdout=out)
     assert out.getvalue() == ""  # no "dbqueue starting" before the error
+
+
+def test_an_undecodable_metrics_addr_is_a_usage_error_not_a_traceback():
+    """A byte that is not UTF-8 reaches argv as a lone surrogate; it used to travel to the
+    socket and end in a UnicodeEncodeError's traceback."""
+    from tests.integration.test_bad_input import run_command
+
+    job = enqueue("noop")
+    result = run_command(
+        "run_jobqueue", "--burst", "--metrics-port", str(free_port()), "--metrics-addr", b"\xff"
+    )
+    stderr = result.stderr.decode("utf-8", "replace")
+    assert result.returncode == 2, stderr
+    assert "usage:" in stderr and "argument --metrics-addr:" in stderr, stderr
+    assert "contains a lone surrogate ('\\udcff' at index 0), which is not valid UTF-8" in stderr
+    assert "Traceback" not in stderr
+    assert rows("SELECT state FROM dbqueue_job WHERE id = %s", [job.id]) == [("pending",)]
+
+
+@pytest.mark.parametrize(
+    ("addr", "fragment"),
+    [
+        ("", "argument --metrics-addr: must be a host name or an IP address, got ''"),
+        ("127.0.0.1\x00", "'127.0.0.1\\x00' contains a NUL character"),
+        ("a" * 64 + ".example", "'aaaaaaaaaaaaaaaaaaa"),
+        ("a" * 64 + ".example", "is not a host name or an IP address (encoding with 'idna'"),
+    ],
+)
+def test_a_bad_metrics_addr_is_a_usage_error(addr, fragment):
+    with pytest.raises(CommandError) as caught:
+        call_command(
+            "run_jobqueue", "--burst", "--metrics-port", str(free_port()), "--metrics-addr", addr
+        )
+    assert fragment in str(caught.value)

@@ -51,6 +51,39 @@ def test_an_hour_s_sleep_holds_no_thread_and_resumes_when_its_time_comes(start_w
     assert got[("before", "start")] == [1] and got[("after", "start")] == [1], got
 
 
+@pytest.mark.parametrize("execution", ["thread", "process"])
+def test_a_sleep_swallowed_by_except_base_exception_still_suspends_the_job(
+    start_worker, settings, execution
+):
+    """A handler catches BaseException around ``ctx.sleep()`` and returns: the job must still
+    sleep (pending, no attempt spent, due in an hour), not end done at once; once its time has
+    come it runs again and the sleep returns. The code after the swallowed sleep did run on
+    the first run: the run ends at the handler's return, as the worker cannot stop a thread."""
+    settings.DBQUEUE = FAST_DBQUEUE
+    job_id = enqueue("swallowing-sleeper", {"seconds": 3600}).id
+    start_worker("--concurrency", "1", "--execution", execution, settings=FAST)
+    row = wait_for(
+        job_id,
+        lambda r: waiting(r, "sleep:nap") or r["finished_at"] is not None or bool(r["errors"]),
+        "asleep, or finished",
+    )
+    assert waiting(row, "sleep:nap"), row
+    assert (row["attempts"], row["errors"], row["result"]) == (0, [], None)
+    assert row["run_after"] > row["created_at"] + datetime.timedelta(minutes=59)
+    with connection.cursor() as cursor:  # its time comes
+        cursor.execute(
+            "UPDATE dbqueue_step SET result = jsonb_build_object('until', now() - interval '1 s')"
+            " WHERE job_id = %s AND name = 'sleep:nap'",
+            [job_id],
+        )
+        cursor.execute("UPDATE dbqueue_job SET run_after = now() WHERE id = %s", [job_id])
+    row = wait_for(job_id, lambda r: r["state"] == "done", "done after its sleep")
+    assert (row["result"], row["attempts"]) == ("woke", 1)
+    got = bodies(job_id)
+    assert got[("before", "start")] == [1]  # replayed, not rerun
+    assert got[("after-wait", "end")] == [1, 1]  # once on each run that got past the sleep
+
+
 def test_signals_before_and_after_the_wait_are_each_delivered_once(start_worker, settings):
     settings.DBQUEUE = FAST_DBQUEUE
     job_id = enqueue("approver", {"waits": 2}).id

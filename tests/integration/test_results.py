@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from django_dbqueue import (
     InvalidArgument,
@@ -102,6 +102,26 @@ def test_bad_arguments_and_unknown_jobs_are_named():
         wait_for_result(1, timeout=-1)
     with pytest.raises(JobNotFound, match="no job #999999"):
         wait_for_result(999999, timeout=1)
+
+
+def test_inside_the_atomic_that_enqueued_the_job_it_says_the_job_is_not_committed():
+    """The waiter's own connection cannot see a job the caller's transaction has not
+    committed: it used to say the job never existed. It says the truth now, at once, instead
+    of waiting out a timeout for a job that cannot run before the caller's commit."""
+    with transaction.atomic():
+        job = enqueue("noop")
+        started = time.monotonic()
+        with pytest.raises(InvalidArgument) as caught:
+            wait_for_result(job, timeout=30)
+        assert time.monotonic() - started < 10
+        message = str(caught.value)
+        assert message.startswith(f"wait_for_result(): job #{job.id} is not committed yet"), message
+        assert "cannot finish inside this transaction" in message
+        assert "never existed" not in message
+        # An unknown id inside a transaction is still unknown.
+        with pytest.raises(JobNotFound, match="no job #999999"):
+            wait_for_result(999999, timeout=1)
+    assert job_row(job.id)["state"] == "pending"  # the caller's transaction was not harmed
 
 
 def test_the_async_form_awaits_the_same_result(start_worker, no_poll):

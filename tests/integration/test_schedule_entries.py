@@ -78,6 +78,11 @@ def last_tick(name):
         ({"every": 60, "cron": "* * * * *"}, "cron", "needs exactly one of 'cron'"),
         ({"every": 0.5}, "every", "must be at least 1 second"),
         ({"every": 60, "timezone": "Mars/Olympus"}, "timezone", "not a known time zone"),
+        ({"cron": "0 3 * * *", "timezone": "localtime"}, "timezone", "not an IANA time zone"),
+        ({"cron": "0 3 * * *", "timezone": "posixrules"}, "timezone", "not an IANA time zone"),
+        ({"cron": "0 3 * * *", "timezone": "Factory"}, "timezone", "not an IANA time zone"),
+        ({"cron": "0 0 3 * * *"}, "cron", "'0 0 3 * * *' has 6 fields"),
+        ({"cron": "*/5 * * * * * *"}, "cron", "'*/5 * * * * * *' has 7 fields"),
         ({"every": 60, "payload": {"d": datetime.date(2026, 1, 1)}}, "payload", '["d"]'),
         ({"every": 60, "payload": {"x": [float("nan")]}}, "payload", '["x"][0] is nan'),
         ({"every": 60, "queue": "nope"}, "queue", "'nope' is not in DBQUEUE['QUEUES']"),
@@ -196,6 +201,56 @@ def test_an_invalid_stored_entry_is_skipped_and_logged_once(caplog):
     assert "next tick none (ignored: schedule entry 'hourly' names job type 'gone'" in (
         out.getvalue()
     )
+
+
+@pytest.mark.parametrize("field", ["cron", "timezone"])
+def test_update_schedule_refuses_six_fields_and_non_iana_zones(field):
+    schedule_job("nightly", "noop", cron="0 3 * * *", timezone="Europe/Berlin")
+    value = {"cron": "0 0 3 * * *", "timezone": "localtime"}[field]
+    with pytest.raises(ScheduleError) as caught:
+        update_schedule("nightly", **{field: value})
+    assert caught.value.field == field
+    entry = ScheduleEntry.objects.get()
+    assert (entry.cron, entry.timezone) == ("0 3 * * *", "Europe/Berlin")  # nothing written
+
+
+def stored_with_six_fields(name, seconds_ago):
+    """A stored entry written with six cron fields before they were refused (a raw UPDATE
+    stands for it), its last tick ``seconds_ago`` seconds back."""
+    schedule_job(name, "noop", cron="* * * * *")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE dbqueue_schedule_entry SET cron = '* * * * * *', "
+            "last_tick = now() - %s * interval '1 second' WHERE name = %s",
+            [seconds_ago, name],
+        )
+
+
+def test_a_stored_six_field_entry_is_ignored_not_ticked_every_second(caplog):
+    """Entries stored before the refusal: the worker ignores them (logged once, and the status
+    says why) instead of making a job a second."""
+    stored_with_six_fields("every-second", 20)
+    with caplog.at_level("ERROR", logger="django_dbqueue"):
+        scheduler = Scheduler()
+        for _ in range(3):
+            assert scheduler.run_once() == {"enqueued": 0, "skipped": 0}
+    assert jobs("every-second") == []
+    errors = [r for r in caplog.records if "entry 'every-second' ignored" in r.getMessage()]
+    assert len(errors) == 1 and "has 6 fields" in errors[0].getMessage()
+    out = io.StringIO()
+    call_command("jobqueue_status", stdout=out)
+    assert "schedule every-second (database): last tick never, next tick none (ignored: " in (
+        out.getvalue()
+    )
+
+
+def test_fixing_a_stored_six_field_entry_enqueues_none_of_its_seconds():
+    """An edit first enqueues what came due under the old definition: a six-field one would
+    have enqueued a job for every second since its last tick. Its ticks restart at the edit."""
+    stored_with_six_fields("every-second", 120)
+    update_schedule("every-second", cron="0 3 * * *")
+    assert jobs("every-second") == []
+    assert ScheduleEntry.objects.get().cron == "0 3 * * *"
 
 
 # -- races: an edit and a worker's tick on two sessions, held open at the exact point ----------
@@ -350,6 +405,9 @@ def form(**overrides):
         ({"job_type": "ecno"}, "job_type", "which no @job registers; did you mean 'echo'"),
         ({"cron": "0 3 * *"}, "cron", "is not a valid cron expression"),
         ({"timezone": "Europe/Berlinn"}, "timezone", "is not a known time zone"),
+        ({"timezone": "localtime"}, "timezone", "is not an IANA time zone name"),
+        ({"timezone": "Factory"}, "timezone", "is not an IANA time zone name"),
+        ({"cron": "0 0 3 * * *"}, "cron", "has 6 fields"),
         ({"payload": '{"ratio": NaN}'}, "payload", '["ratio"] is nan'),
         ({"payload": "{not json"}, "payload", "Enter a valid JSON"),
         ({"name": "from-settings"}, "name", "DBQUEUE['SCHEDULE'] has an entry"),

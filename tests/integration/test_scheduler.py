@@ -8,6 +8,7 @@ import pytest
 from django.db import connection
 
 from django_dbqueue.checks import check_settings
+from django_dbqueue.conf import get_settings
 from django_dbqueue.scheduler import Schedule, Scheduler
 from tests.utils import scalar
 
@@ -137,6 +138,27 @@ def test_three_schedulers_racing_make_exactly_one_job_per_tick(settings):
             {"every": 60, "type": "noop", "timezone": "Mars/Olympus"},
             "dbqueue.E010",
             "not a known time zone",
+        ),
+        # Six or seven fields: croniter reads the sixth as seconds (issue 35, part 7).
+        (
+            {"cron": "0 0 3 * * *", "type": "noop"},
+            "dbqueue.E008",
+            "'0 0 3 * * *' has 6 fields; a cron expression here has exactly five",
+        ),
+        ({"cron": "* * * * * * *", "type": "noop"}, "dbqueue.E008", "has 7 fields"),
+        ({"cron": "0 3 * *", "type": "noop"}, "dbqueue.E008", "not a valid cron expression"),
+        ({"cron": 5, "type": "noop"}, "dbqueue.E008", "5 is not a valid cron expression"),
+        ({"cron": ["0 3 * * *"], "type": "noop"}, "dbqueue.E008", "not a valid cron expression"),
+        # Names of files in the zone directory that are no IANA zone.
+        (
+            {"cron": "0 3 * * *", "type": "noop", "timezone": "localtime"},
+            "dbqueue.E010",
+            "'localtime' is not an IANA time zone name",
+        ),
+        (
+            {"cron": "0 3 * * *", "type": "noop", "timezone": "Factory"},
+            "dbqueue.E010",
+            "'Factory' is not an IANA time zone name",
         ),
     ],
 )
@@ -282,3 +304,65 @@ def test_the_sample_in_the_periodic_docs_passes_the_checks_as_pasted(settings):
     finally:
         for name in set(registry.all_types()) - defined:
             registry.unregister(name)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("cron", ["* * * * * *", "0 0 3 * * *", "* * * * * * *"])
+def test_a_six_or_seven_field_settings_entry_never_ticks_every_second(settings, caplog, cron):
+    """The issue's entries: croniter reads a sixth field as seconds, so two of them made 24 jobs
+    in 12 s. Refused now, the worker ignores the entry (logged), and the five-field entry beside
+    it ticks as before."""
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}, "emails": {}},
+        "SCHEDULE": {
+            "quartz": {"cron": cron, "type": "noop"},
+            "minutely": {"cron": "* * * * *", "type": "noop"},
+        },
+    }
+    with caplog.at_level("ERROR", logger="django_dbqueue"):
+        scheduler = Scheduler()
+        scheduler.run_once()  # first sight: the rows start at now()
+    assert [s.name for s in scheduler.schedules] == ["minutely"]
+    assert any("schedule 'quartz' ignored" in r.getMessage() for r in caplog.records)
+    set_last_tick("quartz", 30)
+    set_last_tick("minutely", 30)
+    counts = scheduler.run_once()
+    keys = scalar("SELECT coalesce(array_agg(idempotency_key), '{}') FROM dbqueue_job")
+    assert not [k for k in keys if k.startswith("dbqueue-schedule:quartz:")]
+    assert counts["enqueued"] == len(keys) <= 1  # at most the minute that began meanwhile
+
+
+@pytest.mark.parametrize(
+    "zone", ["localtime", "posixrules", "Factory", "posix/Europe/Berlin", "right/UTC"]
+)
+def test_only_iana_zone_names_are_accepted(zone):
+    """Files of the zone directory that ZoneInfo loads but that name no IANA zone: the host's
+    own zone (``localtime``), tzcode's template, the ``Factory`` placeholder, the duplicate and
+    leap-second trees."""
+    from django_dbqueue.schedule_parser import ScheduleError, parse_entry
+
+    entry = {"cron": "0 3 * * *", "type": "noop", "timezone": zone}
+    with pytest.raises(ScheduleError) as caught:
+        parse_entry("nightly", entry, get_settings())
+    assert caught.value.field == "timezone"
+    assert "is not an IANA time zone name" in str(caught.value)
+
+
+def test_croniters_names_of_five_field_expressions_are_accepted():
+    from django_dbqueue.schedule_parser import parse_entry
+
+    for name in ("@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly"):
+        entry = {"cron": name, "type": "noop", "timezone": "UTC"}
+        schedule = parse_entry("named", entry, get_settings())
+        first = schedule.next_tick(at(2026, 7, 1, 0, 30))
+        assert first.second == 0 and first.minute == 0, (name, first)
+
+
+def test_a_zone_in_the_wrong_case_is_refused_with_the_name_it_means():
+    from django_dbqueue.schedule_parser import ScheduleError, parse_entry
+
+    entry = {"cron": "0 3 * * *", "type": "noop", "timezone": "europe/berlin"}
+    with pytest.raises(ScheduleError, match="did you mean 'Europe/Berlin'"):
+        parse_entry("nightly", entry, get_settings())
+    for zone in ("Europe/Berlin", "UTC", "America/Argentina/Buenos_Aires", "US/Eastern"):
+        parse_entry("nightly", {**entry, "timezone": zone}, get_settings())

@@ -3,13 +3,14 @@ the job's later runs; a failed one runs again; the record is fenced by the run's
 with its job under retention. In-process workers against the real database; the kill -9 proof
 with real worker processes is tests/acceptance/test_steps_kill.py."""
 
+import datetime
 import json
 import time
 
 import pytest
 from django.db import connection
 
-from django_dbqueue import InvalidArgument, LeaseLost, enqueue, store
+from django_dbqueue import InvalidArgument, LeaseLost, enqueue, signal_job, store
 from django_dbqueue.context import JobContext
 from django_dbqueue.steps import MAX_NAME
 from tests.testapp.step_jobs import STEPS
@@ -289,6 +290,40 @@ def test_bad_step_arguments_are_named_before_anything_runs():
     # A None result is recorded too, and replayed as None without running.
     assert ctx.step("nothing", lambda: None) is None
     assert _ctx(job_id, token=5).step("nothing", lambda: 1 / 0) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("ship\x00", "contains a NUL character (\\x00)"),
+        ("ship\udcff", "contains a lone surrogate ('\\udcff' at index 4)"),
+    ],
+)
+def test_a_name_postgresql_cannot_store_is_named_before_anything_is_written(name, problem):
+    """A step, sleep, wait or signal name with a NUL or a lone surrogate (a file name read with
+    surrogateescape): an InvalidArgument naming the call and the name, where the database's
+    DataError or the driver's UnicodeEncodeError came before."""
+    job_id = enqueue("approver", {}).id
+    _hold(job_id, 5)
+    ctx = _ctx(job_id, token=5)
+    calls = {
+        "ctx.step()": lambda: ctx.step(name, lambda: 1),
+        "ctx.sleep()": lambda: ctx.sleep(name, 60),
+        "ctx.sleep_until()": lambda: ctx.sleep_until(
+            name, datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+        ),
+        "ctx.wait_for_signal()": lambda: ctx.wait_for_signal(name),
+        "signal_job()": lambda: signal_job(job_id, name, {"ok": True}),
+    }
+    for where, call in calls.items():
+        with pytest.raises(InvalidArgument) as caught:
+            call()
+        message = str(caught.value)
+        assert message.startswith(f"{where}: the name {name!r} "), message
+        assert problem in message, message
+    assert steps_of(job_id) == []
+    assert scalar("SELECT count(*) FROM dbqueue_signal") == 0
+    assert job_row(job_id)["signal_seq"] == 0
 
 
 def test_retention_and_delete_take_a_job_s_steps_and_signals_with_it(start_worker):

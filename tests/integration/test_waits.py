@@ -144,6 +144,36 @@ def test_a_wait_inside_a_transaction_is_refused_with_its_reason(start_worker):
     assert steps_of(job_id) == []
 
 
+def ended(row):
+    """The run ended otherwise than in its wait: finished, or failed an attempt."""
+    return row["state"] in ("done", "dead", "cancelled") or bool(row["errors"])
+
+
+@pytest.mark.parametrize("then", ["return", "raise", "step"])
+def test_a_handler_that_swallows_its_sleep_still_suspends(start_worker, then):
+    """``except BaseException`` around ``ctx.sleep()``: the run still ends in the sleep, whatever
+    the handler did next (returned, raised its own error, or called a step, which the run
+    does not run). Before, the job ended done (or failed) without sleeping."""
+    job_id = enqueue("swallowing-sleeper", {"then": then}).id
+    start_worker()
+    row = wait_for(job_id, lambda r: waiting(r, "sleep:nap") or ended(r), "asleep, or ended")
+    assert waiting(row, "sleep:nap"), row
+    assert (row["attempts"], row["errors"], row["result"]) == (0, [], None)
+    assert row["run_after"] > row["created_at"] + datetime.timedelta(minutes=59)
+    assert [s[0] for s in steps_of(job_id)] == ["before", "sleep:nap"]  # "after" did not run
+
+
+def test_a_handler_that_swallows_its_wait_for_a_signal_still_waits(start_worker):
+    job_id = enqueue("swallowing-sleeper", {"signal": True}).id
+    start_worker()
+    row = wait_for(job_id, lambda r: waiting(r, "signal:approve") or ended(r), "waiting")
+    assert waiting(row, "signal:approve"), row
+    assert (row["attempts"], row["errors"], row["result"]) == (0, [], None)
+    assert signal_job(job_id, "approve", "yes") == 1
+    row = wait_for(job_id, lambda r: r["state"] == "done", "done after its signal")
+    assert row["result"] == "woke" and row["attempts"] == 1
+
+
 def test_bad_signals_are_refused_and_store_nothing():
     job_id = enqueue("approver", {}).id
     with pytest.raises(InvalidArgument, match="job_id must be a job id"):

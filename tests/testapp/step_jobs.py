@@ -135,3 +135,25 @@ def approver(ctx):
 @job("atomic-sleeper", atomic=True, max_attempts=1, timeout=30)
 def atomic_sleeper(ctx):
     ctx.sleep("nap", 60)
+
+
+@job("swallowing-sleeper", max_attempts=2)
+def swallowing_sleeper(ctx):
+    """Catches BaseException around its durable wait, as a careless ``except BaseException``
+    (or a bare ``except:``) does. ``then``: what it does after swallowing the suspension:
+    return (the default), raise an error of its own, or run a step."""
+    ctx.step("before", _body, ctx, "before")
+    try:
+        if ctx.payload.get("signal"):
+            ctx.wait_for_signal("approve")
+        else:
+            ctx.sleep("nap", ctx.payload.get("seconds", 3600))
+    except BaseException:
+        pass
+    _body_row(ctx, "after-wait", "end")  # not a step: it runs on each run that gets here
+    then = ctx.payload.get("then")
+    if then == "raise":
+        raise RuntimeError("an error of the handler's own, after the swallowed wait")
+    if then == "step":
+        ctx.step("after", _body, ctx, "after")
+    return "woke"

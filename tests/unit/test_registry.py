@@ -2,7 +2,7 @@
 
 import pytest
 
-from django_dbqueue import JobRegistrationError, job, registry
+from django_dbqueue import JobRegistrationError, job, registry, validation
 
 
 @pytest.fixture
@@ -112,12 +112,9 @@ async def _async_handler(ctx):
 @pytest.mark.parametrize(
     ("args", "kwargs", "fragment"),
     [
-        (
-            (["x"],),
-            {},
-            "@job type name must be a non-empty string of at most 200 characters, got ['x']",
-        ),
-        ((b"x",), {}, "@job type name must be a non-empty string"),
+        ((["x"],), {}, "@job(name): the job type name must be a str, such as"),
+        ((b"x",), {}, 'the job type name must be a str, such as @job("send-invoice-email")'),
+        (("",), {}, "@job type name must be a non-empty string of at most 200 characters"),
         (("a\x00",), {}, "@job type name 'a\\x00' contains a NUL character"),
         (("opts",), {"queue": ["default"]}, "@job('opts'): queue must be a non-empty string"),
         (("opts",), {"max_attempts": 2.0}, "max_attempts must be an integer from 1"),
@@ -157,3 +154,45 @@ def test_an_atomic_async_handler_without_a_qualname_is_refused_by_name():
     with pytest.raises(JobRegistrationError, match=r"atomic=True needs a plain \(sync\)"):
         job("atomic-partial", atomic=True)(functools.partial(_async_handler))
     assert registry.get("atomic-partial") is None
+
+
+# The type name of the wrong kind (issue 35): a TypeError naming the argument, not only a
+# ValueError, and never an AttributeError from deeper down.
+@pytest.mark.parametrize("name", [["x"], ("x",), {"x"}, None, 5, b"x"])
+def test_a_type_name_that_is_no_str_is_a_type_error_naming_the_argument(name):
+    with pytest.raises(TypeError) as caught:
+        job(name)
+    assert isinstance(caught.value, JobRegistrationError)  # still caught as before
+    message = str(caught.value)
+    assert message.startswith("@job(name): the job type name must be a str"), message
+    assert validation.shown(name) in message
+
+
+def test_a_bare_job_decorator_is_told_to_give_the_name():
+    with pytest.raises(TypeError, match=r"@job\(\"type-name\"\)"):
+
+        @job
+        def handler(ctx):
+            pass
+
+
+def test_retry_job_names_its_bound():
+    from django_dbqueue import RetryJob
+
+    for delay in (10**20, 2592001, -1, float("nan"), float("inf"), 10**5000, "60"):
+        with pytest.raises(ValueError) as caught:
+            RetryJob(delay)
+        message = str(caught.value)
+        assert message.startswith("RetryJob(delay): a number of seconds from 0 to 2592000 "), (
+            message
+        )
+        assert "(30 days, the longest retry delay)" in message
+        assert validation.shown(delay) in message
+    assert RetryJob(2592000).delay == 2592000.0
+
+
+def test_retry_jobs_bound_is_the_longest_delay_a_retry_is_given():
+    from django_dbqueue.exceptions import MAX_RETRY_DELAY
+    from django_dbqueue.outcomes import MAX_DELAY
+
+    assert MAX_RETRY_DELAY == MAX_DELAY  # what RetryJob refuses is what the worker would cap

@@ -10,6 +10,7 @@ from django_dbqueue.conf import get_settings
 from django_dbqueue.management.arguments import (
     MAX_CONCURRENCY,
     MAX_PROCESSES,
+    listen_address,
     port_number,
     positive_seconds,
     queue_list,
@@ -70,6 +71,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--metrics-addr",
+            type=listen_address,
             default="0.0.0.0",  # noqa: S104 - a metrics port is meant to be scraped
             help="Address the metrics port binds to (default 0.0.0.0).",
         )
