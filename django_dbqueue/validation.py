@@ -24,6 +24,11 @@ MAX_JOB_ID = 2**63 - 1  # dbqueue_job.id is bigint
 # No number of seconds handed to PostgreSQL is larger: ten years, far inside what interval and
 # timestamptz arithmetic can carry, and far outside any schedule a queue is for.
 MAX_SECONDS = 10 * 365 * 86400
+# The times a job's timestamps may hold: what Python's datetime can carry in every time zone
+# (a day inside its year 1 to 9999), so that a worker reads back every row. The SQL doors
+# (migration 0026) refuse the same range.
+TIMESTAMP_MIN = datetime.datetime(1, 1, 2, tzinfo=datetime.UTC)  # inclusive
+TIMESTAMP_MAX = datetime.datetime(9999, 12, 30, tzinfo=datetime.UTC)  # inclusive
 # Handler threads of one worker process (CONCURRENCY, a queue's "concurrency", --concurrency):
 # past this, threads and database connections run out long before any gain.
 MAX_CONCURRENCY = 1000
