@@ -52,7 +52,15 @@ def shown(value):
 
 def len_digits(value):
     """Decimal digits of an int, without converting it to text (which has a digit limit)."""
-    return max(1, math.ceil(abs(value).bit_length() * math.log10(2)))
+    value = abs(value)
+    # From the bits, the count is right or one too many (10**(n-1) has n digits), up to the
+    # float's rounding, which the second test corrects the other way.
+    count = max(1, math.ceil(value.bit_length() * math.log10(2)))
+    if count > 1 and value < 10 ** (count - 1):
+        count -= 1
+    elif value >= 10**count:
+        count += 1
+    return count
 
 
 def text_problem(value):
