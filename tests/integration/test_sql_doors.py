@@ -154,7 +154,7 @@ payloads_strategy = st.dictionaries(
 )
 
 
-@hypothesis.settings(max_examples=150, deadline=None)
+@hypothesis.settings(max_examples=100, deadline=None)
 @hypothesis.example({"a": 10**4300 - 1})
 @hypothesis.example({"a": 10**4300})
 @hypothesis.example({"a": nested(99)})
@@ -185,9 +185,10 @@ def test_both_doors_give_one_verdict_and_one_row_for_a_python_value(value):
                 # or more as an integer, -0.0 as 0.0), which enqueue() refuses for just that
                 # reason; the SQL door judges what the worker will read, as enqueue() does.
                 assert python is None
-                assert sql == expected_verdict(conn, stored) or (
-                    sql is not None and same_jsonb(conn, sql, expected_verdict(conn, stored))
-                )
+                expected = expected_verdict(conn, stored)
+                assert (sql is None) == (expected is None), (stored[:200], sql, expected)
+                if sql is not None:
+                    assert same_jsonb(conn, sql, expected)
             if sql is not None:  # what the worker reads comes back unchanged
                 assert same_jsonb(conn, payloads.dumps(what_python_reads(sql)), sql)
     finally:
@@ -208,7 +209,7 @@ number_texts = st.builds(
 )
 
 
-@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.settings(max_examples=150, deadline=None)
 @hypothesis.example(["1.50"])
 @hypothesis.example(["1e400"])
 @hypothesis.example(["1e4300"])
