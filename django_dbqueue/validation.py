@@ -27,7 +27,7 @@ MAX_SECONDS = 10 * 365 * 86400
 # The timestamps every door accepts (run_after, a durable sleep's end, ...), inclusive: Python's
 # own range (years 1 to 9999) less a day at each end, so that the value can still be shown in any
 # time zone (UTC-14 to UTC+14) without leaving that range. PostgreSQL stores far more (4713 BC to
-# 294276 AD), none of which Python reads back. The SQL doors (dbqueue_enqueue) use these values.
+# 294276 AD), none of which Python reads back. The SQL doors (migration 0026) refuse the same range.
 TIMESTAMP_MIN = datetime.datetime(1, 1, 2, tzinfo=datetime.UTC)  # inclusive
 TIMESTAMP_MAX = datetime.datetime(9999, 12, 30, tzinfo=datetime.UTC)  # inclusive
 # Handler threads of one worker process (CONCURRENCY, a queue's "concurrency", --concurrency):
@@ -53,7 +53,15 @@ def shown(value):
 
 def len_digits(value):
     """Decimal digits of an int, without converting it to text (which has a digit limit)."""
-    return max(1, math.ceil(abs(value).bit_length() * math.log10(2)))
+    value = abs(value)
+    # From the bits, the count is right or one too many (10**(n-1) has n digits), up to the
+    # float's rounding, which the second test corrects the other way.
+    count = max(1, math.ceil(value.bit_length() * math.log10(2)))
+    if count > 1 and value < 10 ** (count - 1):
+        count -= 1
+    elif value >= 10**count:
+        count += 1
+    return count
 
 
 def text_problem(value):
