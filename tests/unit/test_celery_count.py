@@ -20,7 +20,13 @@ def count_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(celery_count.COUNT_DIR, str(tmp_path))
     monkeypatch.delenv(celery_count.STARTS_PORT, raising=False)
     monkeypatch.setattr(celery_count, "_pid", None)
-    return tmp_path
+    yield tmp_path
+    # What the process opened for its runs: its count file and the socket of its starts.
+    if celery_count._pid == os.getpid():
+        os.close(celery_count._fd)
+        if celery_count._starts is not None:
+            celery_count._starts[0].close()
+    celery_count._pid = None
 
 
 def test_every_run_of_every_process_is_read_back(count_dir):
