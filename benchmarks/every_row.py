@@ -6,9 +6,12 @@
 The rows: the drain of the real ``run_jobqueue`` (``drain_command.py``: jobs/s, against the
 batch-100 psycopg loop, connections per worker process), the in-process drain, single-producer
 enqueue and the idle wake-up p50/p99 (``bench.py``), 8-producer enqueue and the wake-up p50/p99
-idle and under load (``fleet.py``), and with 20 idle worker processes, as separate processes and
-as one group (``idle_fleet.py``): claims per job, connections per worker process, CPU per idle
-minute and how long the trickle's jobs waited to start.
+idle and under load (``fleet.py``), the drain of a small project's ``run_jobqueue`` by wall clock
+while ``enqueue_many()`` fills its queue and after (``drain_project.py``, issue 37's second
+harness: jobs/s, server and worker CPU per job, against the seed's batch-10 loop), and with 20
+idle worker processes, as separate processes and as one group (``idle_fleet.py``): claims per
+job, connections per worker process, CPU per idle minute and how long the trickle's jobs waited
+to start.
 
 Each script runs on both sides through ``against.py``'s worktree (``against.ref_tree``: the
 ref's package with today's ``benchmarks/``, one venv, a database per side and script), the
