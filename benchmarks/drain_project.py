@@ -49,6 +49,7 @@ import itertools
 import json
 import os
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -346,14 +347,23 @@ def cpu_seconds(pid):
 
 def one_run(side, args, admin, poller):
     """One drain of ``side``; returns its figures. ``poller``: the connection that asks whether
-    any job is left (its own, so that the question is cheap whatever the statistics say)."""
+    any job is left (its own, so that the question is cheap whatever the statistics say). The
+    handlers' records go to a directory of its own, removed afterwards, failed run or not."""
+    records = tempfile.mkdtemp(prefix="dbqueue-drain-project-")
+    try:
+        return drain(side, args, admin, poller, records)
+    finally:
+        shutil.rmtree(records, ignore_errors=True)
+
+
+def drain(side, args, admin, poller, records):
+    """:func:`one_run`'s drain: reset, fill, start, poll until no job is left, stop, check."""
     command = side.startswith("command")
     table = "dbqueue_job" if command or side.startswith("ours") else "seed_job"
     count = 2 if side.endswith("-x2") else 1
     admin.execute(q(RESET, table))
     with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
         admin.execute("CHECKPOINT")  # no run pays for the previous run's dirty pages
-    records = tempfile.mkdtemp(prefix="dbqueue-drain-project-")
     procs, stderr, cpu = [], [], []
     try:
         if command and args.start == "during":
@@ -392,7 +402,6 @@ def one_run(side, args, admin, poller):
         codes = stop_processes(procs, stderr, command)
     for path in glob.glob(os.path.join(records, "*.server")):  # the loops' backends
         server_cpu += float(Path(path).read_text())
-        os.unlink(path)
     for code, err in codes:
         if code != 0:
             raise bench.InvalidRun(f"{side}: a process exited with {code}:\n{err}")
@@ -400,9 +409,6 @@ def one_run(side, args, admin, poller):
     if states != {"done": args.jobs}:
         raise bench.InvalidRun(f"{side}: job states {states}, expected {args.jobs} done")
     first, stalls = read_records(records, args.jobs)
-    for path in glob.glob(os.path.join(records, "*.txt")):
-        os.unlink(path)
-    os.rmdir(records)
     db_seconds = admin.execute(q(SPAN, table)).fetchone()[0]
     before = [used for when, used in cpu if when <= first]
     return {
