@@ -6,9 +6,12 @@
 The rows: the drain of the real ``run_jobqueue`` (``drain_command.py``: jobs/s, against the
 batch-100 psycopg loop, connections per worker process), the in-process drain, single-producer
 enqueue and the idle wake-up p50/p99 (``bench.py``), 8-producer enqueue and the wake-up p50/p99
-idle and under load (``fleet.py``), and with 20 idle worker processes, as separate processes and
-as one group (``idle_fleet.py``): claims per job, connections per worker process, CPU per idle
-minute and how long the trickle's jobs waited to start.
+idle and under load (``fleet.py``), the drain of a small project's ``run_jobqueue`` by wall clock
+while ``enqueue_many()`` fills its queue and after (``drain_project.py``, issue 37's second
+harness: jobs/s, server and worker CPU per job, against the seed's batch-10 loop), and with 20
+idle worker processes, as separate processes and as one group (``idle_fleet.py``): claims per
+job, connections per worker process, CPU per idle minute and how long the trickle's jobs waited
+to start.
 
 Each script runs on both sides through ``against.py``'s worktree (``against.ref_tree``: the
 ref's package with today's ``benchmarks/``, one venv, a database per side and script), the
@@ -150,6 +153,37 @@ def idle_rows(data):
     return out
 
 
+def project_rows(data):
+    """``drain_project.py --json``: issue 37's second harness, a project's ``run_jobqueue``
+    running while ``enqueue_many()`` fills (variant ``during``) and started after the fill
+    (``after``), by wall clock; the CPU per job of its server backends and of its own process
+    during the fill; and the drain during the fill over the seed's batch-10 loop of the same
+    repeat (issue 37's goal: at least 1)."""
+
+    def of(variant, side, key):
+        return [r[key] for r in data["runs"] if r["variant"] == variant and r["side"] == side]
+
+    def cpu(title):
+        return Row(title, "us", False, MORE, LESS)
+
+    during = of("during", "command", "jobs_per_s")
+    return {
+        rate("drain, project's run_jobqueue while enqueue_many() fills", "jobs/s"): during,
+        rate("drain, project's run_jobqueue started after the fill", "jobs/s"): of(
+            "after", "command", "jobs_per_s"
+        ),
+        cpu("server CPU per job, run_jobqueue while enqueue_many() fills"): of(
+            "during", "command", "server_us"
+        ),
+        cpu("worker CPU per job, run_jobqueue while enqueue_many() fills"): of(
+            "during", "command", "client_us"
+        ),
+        ratio("drain while enqueue_many() fills / seed's batch-10 loop"): paired(
+            during, of("during", "seed-10", "jobs_per_s")
+        ),
+    }
+
+
 @dataclass
 class Suite:
     name: str
@@ -182,6 +216,13 @@ SUITES = [
         "--only enqueue,wakeup --sides ours,django-bare --producers 4 --seconds 1 --wakeups 20"
         " --repeat 1",
         fleet_rows,
+    ),
+    Suite(
+        "project",
+        "benchmarks/drain_project.py",
+        "--jobs 20000 --repeat 2 --sides command,seed-10 --variant during= --variant after=--start=after",
+        "--jobs 3000 --repeat 1 --sides command,seed-10 --variant during= --variant after=--start=after",
+        project_rows,
     ),
     Suite(
         "idle",
@@ -290,7 +331,9 @@ def parse_args(argv=None):
     parser.add_argument("--rounds", type=int, default=2, help="runs of each script per side")
     parser.add_argument("--quick", action="store_true", help="small sizes: checks the script")
     parser.add_argument(
-        "--only", default=",".join(s.name for s in SUITES), help="scripts: drain,bench,fleet,idle"
+        "--only",
+        default=",".join(s.name for s in SUITES),
+        help="scripts: drain,bench,fleet,project,idle",
     )
     parser.add_argument("--markdown", metavar="FILE", help="also write the table as markdown")
     parser.add_argument("--json", metavar="FILE", help="also write every figure as JSON")
