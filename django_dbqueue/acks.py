@@ -149,6 +149,19 @@ class Acknowledger:
         with self._lock:
             return [e.key for e, _, _ in self._done] + [f.entry.key for f in self._failed]
 
+    def pending_outcomes(self):
+        """``[(entry, outcome)]`` of every buffered outcome, for a restart in place to hand to
+        the new image (restart.held_runs): ``["done", result]``, ``["failed", error, delay,
+        dead]`` for a plain failure, ``["spent"]`` for the rest (a cancelled end, a snooze or
+        wait, an unknown type: the new image writes the attempt as spent)."""
+        with self._lock:
+            done, failed = list(self._done), list(self._failed)
+        outcomes = [(entry, ["done", result]) for entry, result, _ in done]
+        for f in failed:
+            plain = f.error is not None and f.snooze is None and not f.unknown_type
+            outcomes.append((f.entry, ["failed", f.error, f.delay, f.dead] if plain else ["spent"]))
+        return outcomes
+
     def flush_once(self, db):
         """Write what is buffered on ``db``. Returns the number of outcomes written.
 

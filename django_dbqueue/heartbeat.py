@@ -22,6 +22,20 @@ from .outcomes import error_record
 logger = logging.getLogger("django_dbqueue")
 
 
+def given_up_record(ctx, *, worker_id, cls, reason):
+    """The error kept for a run this worker gave up for ``reason`` (a restart in place): the
+    attempt counts, so the job is retried or, after its last attempt, dead."""
+    last = ctx.attempt >= ctx.max_attempts
+    return {
+        "attempt": ctx.attempt,
+        "class": cls,
+        "message": f"{reason}; the attempt counts"
+        + (" (that was its last attempt)" if last else " and the job is retried"),
+        "traceback": "",
+        "worker": worker_id,
+    }
+
+
 class Heartbeat:
     def __init__(self, worker):
         self.worker = worker
