@@ -259,9 +259,17 @@ def recover(w):
             w.worker_id,
         )
         return None
-    known = w.inflight.tokens() | {token for _, token in w.acks.pending_keys()}
-    released = store.release_unknown(w.session, worker=w.worker_id, known=known)
-    w._reconnected = False
+    released, busy = store.hand_back_unknown(w.session, worker=w.worker_id, known=known_tokens(w))
+    # A job whose row another transaction holds is handed back on a later pass.
+    w._reconnected = bool(busy)
+    if busy:
+        logger.warning(
+            "dbqueue worker %s: %d jobs it held without knowing are locked by another "
+            "transaction; handing them back later: %s",
+            w.worker_id,
+            len(busy),
+            sorted(busy),
+        )
     if released:
         logger.warning(
             "dbqueue worker %s released %d jobs it held without knowing (a claim whose "
@@ -271,3 +279,8 @@ def recover(w):
             sorted(released),
         )
     return released
+
+
+def known_tokens(w):
+    """The lease tokens of every job ``w`` holds: its entries and its unwritten outcomes."""
+    return w.inflight.tokens() | {token for _, token in w.acks.pending_keys()}

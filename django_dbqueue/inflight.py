@@ -31,6 +31,7 @@ class Entry:
     ended: bool = False  # the pool is done with it (Inflight.end)
     lost: bool = False  # the lease went to someone else: never start it, discard its outcome
     released: bool = False  # handed back at shutdown
+    busy: bool = False  # the last beat found its row locked by another transaction
     withdrawn: bool = False  # cancelled before it started: never start it; its end is written
     keyed: bool = False  # it has a serial key
     batch: object = None  # the BatchRun it runs in (a batch type's job), or None

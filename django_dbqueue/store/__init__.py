@@ -54,7 +54,16 @@ from .jobs import (
     task_result_row,
     unique_holder,
 )
-from .leases import extend_leases, release, release_ending, release_unknown, rescue_expired
+from .leases import (
+    extend_leases,
+    hand_back,
+    hand_back_unknown,
+    release,
+    release_ending,
+    release_unknown,
+    renew_leases,
+    rescue_expired,
+)
 from .metrics import metrics_snapshot
 from .operations import (
     cancel,
@@ -135,6 +144,8 @@ __all__ = [
     "fail_job",
     "flow_state",
     "forget_expired_workers",
+    "hand_back",
+    "hand_back_unknown",
     "ids_by_keys",
     "insert_job",
     "insert_jobs",
@@ -164,6 +175,7 @@ __all__ = [
     "release",
     "release_ending",
     "release_unknown",
+    "renew_leases",
     "replay_event",
     "request_cancel",
     "requeue",
