@@ -284,3 +284,9 @@ def recover(w):
 def known_tokens(w):
     """The lease tokens of every job ``w`` holds: its entries and its unwritten outcomes."""
     return w.inflight.tokens() | {token for _, token in w.acks.pending_keys()}
+
+
+def own_jobs(w):
+    """For ``w``'s sweeper: ``(worker id, known_tokens)``; None after a lost connection until
+    ``recover`` looked (a lost claim's jobs are handed back there, unspent)."""
+    return None if w._reconnected else (w.worker_id, known_tokens(w))

@@ -8,7 +8,7 @@ pool and the listener (or the supervisor's wake-up pipe).
 
 import logging
 
-from . import flow, waiters
+from . import claiming, flow, waiters
 from .acks import Acknowledger
 from .connections import Session
 from .heartbeat import Heartbeat
@@ -73,7 +73,7 @@ def assemble(w, conf, *, waker):
         else None,
         slots=waker is None,  # a group's listener picks whom to wake: its workers hold none
     )
-    w.sweeper = Sweeper(w.using, conf=conf, db=w.session)
+    w.sweeper = Sweeper(w.using, conf=conf, db=w.session, owner=lambda: claiming.own_jobs(w))
     w.scheduler = Scheduler(w.using, conf=conf)
     w.rollup = Rollup(w.using, conf=conf, db=w.session)  # the dashboard's minutes
     w.maintenance = Maintenance(w)

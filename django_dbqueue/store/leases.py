@@ -184,17 +184,31 @@ def release_unknown(using, *, worker, known):
 
 # The sweeper: jobs whose lease ran out (their worker died or hung) go back to pending, after the
 # default backoff with full jitter, or to dead when their attempts are spent. The attempt that
-# expired counts and is recorded as an error. (The exponent is clamped so power() cannot overflow.) Bounded, and SKIP LOCKED so several workers sweeping
-# at once split the work instead of queueing behind each other. A job whose cancel was asked
-# for (its worker died before it learned, or before it wrote the end) ends cancelled.
-# A django.tasks job also returns its task's path, for the name it is logged under.
+# expired counts and is recorded as an error. (The exponent is clamped so power() cannot
+# overflow.) Bounded, and SKIP LOCKED so several workers sweeping at once split the work instead
+# of queueing behind each other, and so that a row a caller's transaction holds is passed over.
+# A job whose cancel was asked for (its worker died before it learned, or before it wrote the
+# end) ends cancelled. A django.tasks job also returns its task's path, for the name it is
+# logged under.
+# Not the expired lease of a job whose worker is alive (docs/concepts/worker.md#callers-
+# transactions): a live worker's heartbeat renews every lease it holds except the rows that a
+# caller's transaction locks, which it cannot renew until that commits; the job still runs
+# there, and taking it back would run it twice. So a job is taken back when its worker's row in
+# the registry (presence.py) is stale or gone (killed, hung, cut off from the database, stopped),
+# or when it is this worker's own (%(worker)s) and not one it holds (%(known)s: the lease tokens
+# of its runs and unwritten outcomes; a run whose outcome it gave up writing). %(worker)s is NULL
+# for a sweeper outside a worker, and while a worker recovers from a lost connection (it does
+# not know yet what a lost claim took: it hands those back itself, unspent).
 RESCUE_EXPIRED = """
 WITH expired AS MATERIALIZED (
-    SELECT id FROM dbqueue_job
-    WHERE state = 'running' AND leased_until < now()
-    ORDER BY leased_until
+    SELECT j.id FROM dbqueue_job AS j
+    WHERE j.state = 'running' AND j.leased_until < now()
+      AND ((j.worker_id = %(worker)s::text AND NOT (j.lease_token = ANY(%(known)s::bigint[])))
+           OR NOT EXISTS (SELECT 1 FROM dbqueue_worker AS w
+                          WHERE w.worker_id = j.worker_id AND w.stale_at > now()))
+    ORDER BY j.leased_until
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE dbqueue_job AS j
 SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
@@ -224,13 +238,18 @@ RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_b
 """
 
 
-def rescue_expired(using, *, limit, base, factor, cap):
+def rescue_expired(using, *, limit, base, factor, cap, worker=None, known=()):
     """Take back up to ``limit`` expired leases; returns ``[(id, type, attempts, state, worker,
     queue, cancelled_by, name)]`` (state ``cancelled`` for a job whose cancel was asked for;
-    ``name``: names.label, the type or a known django.tasks task's path)."""
-    rows = _execute(
-        using,
-        RESCUE_EXPIRED,
-        {"limit": limit, "base": float(base), "factor": float(factor), "cap": float(cap)},
-    )
+    ``name``: names.label, the type or a known django.tasks task's path). Jobs of live workers
+    are left to them, except ``worker``'s own whose tokens are not in ``known``."""
+    params = {
+        "limit": limit,
+        "base": float(base),
+        "factor": float(factor),
+        "cap": float(cap),
+        "worker": worker,
+        "known": int_array(known),
+    }
+    rows = _execute(using, RESCUE_EXPIRED, params)
     return [(*row[:7], names.label(row[1], {"task": row[7]})) for row in rows]

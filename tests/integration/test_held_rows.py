@@ -15,7 +15,8 @@ from django.db import connection
 from django_dbqueue import enqueue, store, workflow
 from django_dbqueue.acks import Acknowledger
 from django_dbqueue.connections import BUSY_ERRORS, Session, connection_params
-from tests.utils import job_row, wait_until
+from django_dbqueue.sweeper import Sweeper
+from tests.utils import job_row, scalar, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,6 +86,25 @@ def expire(job_id):
             "UPDATE dbqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s",
             [job_id],
         )
+
+
+def announce(worker, *, stale_in):
+    """``worker``'s row in the registry, stale ``stale_in`` seconds from now (negative: stale)."""
+    store.announce_worker(
+        "default",
+        worker=worker,
+        host="host",
+        pid=1,
+        version="test",
+        queues=["default"],
+        concurrency=1,
+        execution="thread",
+        group_pid=None,
+        state="running",
+        stale=stale_in,
+        expire=max(stale_in, 0) + 60,
+        running=1,
+    )
 
 
 def test_a_session_of_a_worker_bounds_its_lock_waits(session):
@@ -210,6 +230,60 @@ def test_releases_pass_over_held_rows(session, held):
     assert store.hand_back_unknown(session, worker="host:2:lost", known=[]) == ({c}, set())
 
 
+@pytest.mark.parametrize("first", ["sweeper", "heartbeat"])
+def test_a_live_workers_expired_lease_is_renewed_not_taken_back(session, held, first):
+    """The lease of a job whose row a caller held past its end: when the caller commits, the
+    sweeper (another worker's) and the heartbeat (its own worker's) run in either order. The
+    worker is alive (its registry row is fresh) and still runs the job: the sweeper leaves it,
+    the heartbeat renews it. It used to be taken back and run a second time beside the first."""
+    (job_id,), token = claim(1)
+    announce(LIVE, stale_in=30)
+    caller = held(job_id)
+    expire_under_lock(job_id, caller)
+    sweeper = Sweeper()  # another worker's: no owner
+    assert store.renew_leases(session, [(job_id, token)]) == ({}, {(job_id, token)})
+    assert sweeper.rescue()["rescued"] == 0  # locked: passed over
+    caller.commit()
+
+    if first == "sweeper":
+        assert sweeper.rescue() == {"rescued": 0, "dead": 0, "cancelled": 0}
+        assert job_row(job_id)["state"] == "running"
+    kept, busy = store.renew_leases(session, [(job_id, token)])
+    assert (set(kept), busy) == ({(job_id, token)}, set())
+    assert sweeper.rescue()["rescued"] == 0
+    row = job_row(job_id)
+    assert (row["state"], row["lease_token"], row["attempts"]) == ("running", token, 1)
+    assert row["leased_until"] > now()
+
+
+def test_an_expired_lease_is_taken_back_once_its_worker_is_gone_or_lets_it_go(session):
+    """The other side of the rule: a worker whose registry row is stale (killed, hung, cut
+    off) or gone loses its expired jobs to any sweeper; a live worker's own sweeper takes back
+    the expired jobs of its own that it no longer holds (an outcome it gave up writing)."""
+    (stale_job,), _ = claim(1, worker="host:3:stale")
+    (gone_job,), _ = claim(1, worker="host:4:gone")
+    (kept_job, dropped_job), token = claim(2)
+    for job_id in (stale_job, gone_job, kept_job, dropped_job):
+        expire(job_id)
+    announce("host:3:stale", stale_in=-1)
+    announce(LIVE, stale_in=30)
+
+    assert Sweeper().rescue()["rescued"] == 2
+    assert counted(stale_job, gone_job, kept_job, dropped_job) == (
+        "pending",
+        "pending",
+        "running",
+        "running",
+    )
+    own = Sweeper(owner=lambda: (LIVE, {token + 1}))  # holds neither of them any more
+    own_known = Sweeper(owner=lambda: (LIVE, {token}))
+    recovering = Sweeper(owner=lambda: None)  # lost its connection: cannot tell yet
+    assert own_known.rescue()["rescued"] == 0
+    assert recovering.rescue()["rescued"] == 0
+    assert own.rescue()["rescued"] == 2
+    assert job_row(kept_job)["errors"][0]["class"] == "LeaseExpired"  # the attempt counts
+
+
 def test_a_wait_inside_a_statement_ends_at_the_lock_timeout(session, held):
     """What SKIP LOCKED cannot pass over (a trigger's or a function's wait) ends at the
     session's lock_timeout, as LockNotAvailable (BUSY_ERRORS), not as a lost connection."""
@@ -219,6 +293,19 @@ def test_a_wait_inside_a_statement_ends_at_the_lock_timeout(session, held):
         session.execute("UPDATE dbqueue_job SET priority = 1 WHERE id = %(id)s", {"id": job_id})
     assert session.execute("SELECT 1", {}) == [(1,)]  # the connection is fine
     caller.commit()
+
+
+def expire_under_lock(job_id, caller):
+    """Make the held job's lease end in the past: written by the caller's own transaction (the
+    only one that can write the row now), as if the lease had run out while it held the row."""
+    caller.conn.execute(
+        "UPDATE dbqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s",
+        [job_id],
+    )
+
+
+def now():
+    return scalar("SELECT now()")
 
 
 class _Ctx:
