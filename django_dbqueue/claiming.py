@@ -12,7 +12,7 @@ import time
 
 from . import registry, store
 from .conf import SHARED_FAIR_KEY
-from .connections import DB_ERRORS, OTHER_DB_ERRORS
+from .connections import BUSY_ERRORS, DB_ERRORS, OTHER_DB_ERRORS
 from .context import JobContext
 from .inflight import BatchRun, Entry
 
@@ -259,7 +259,13 @@ def recover(w):
             w.worker_id,
         )
         return None
-    released, busy = store.hand_back_unknown(w.session, worker=w.worker_id, known=known_tokens(w))
+    try:
+        released, busy = store.hand_back_unknown(
+            w.session, worker=w.worker_id, known=known_tokens(w)
+        )
+    except BUSY_ERRORS as exc:  # a wait past lock_timeout: look again on a later pass
+        logger.warning("dbqueue worker: handing back lost claims waited for a lock (%s)", exc)
+        return None
     # A job whose row another transaction holds is handed back on a later pass.
     w._reconnected = bool(busy)
     if busy:

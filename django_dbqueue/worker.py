@@ -403,8 +403,10 @@ class Worker:
                 errors = 0
             except BUSY_ERRORS as exc:
                 # A lock held elsewhere past lock_timeout (startup.py): the connection is fine,
-                # what the claim carried is kept; claim again at the next poll.
+                # the completions it carried are kept, jobs a committed claim took before a
+                # top-up failed are handed back unspent (_recover); claim again at the poll.
                 logger.warning("dbqueue worker: the claim waited too long for a lock (%s)", exc)
+                self._reconnected = True
                 self.timing.poll_from(time.monotonic())
             except DB_ERRORS as exc:
                 errors += 1
@@ -487,14 +489,9 @@ class Worker:
         self.timing.wake()  # notifications may have been missed meanwhile
 
     def _recover(self):
-        """After a lost connection: release what a lost claim took (claiming.recover); rows
-        another transaction holds, on a later pass (at most twice a second)."""
+        """Release what a claim lost took (claiming.recover); held rows later, twice a second."""
         now = time.monotonic()
         if now < self._recover_after:
             return None
         self._recover_after = now + 0.5
-        try:
-            return claiming.recover(self)
-        except BUSY_ERRORS as exc:
-            logger.warning("dbqueue worker: handing back lost claims waited for a lock (%s)", exc)
-            return None
+        return claiming.recover(self)
