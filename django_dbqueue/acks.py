@@ -8,6 +8,14 @@ or a dead letter is never lost. A flush that fails with the connection keeps eve
 buffer and is tried again once the database is back, fenced, so a connection blip does not make
 finished work run again. A retried write that matches nothing is read back: when the first try
 had committed after all, the outcome is reported (signals, counts) as if the reply had arrived.
+
+A write about a job whose row another transaction holds (a caller's ``select_for_update()``, a
+signal or cancel whose deferred trigger ran early, a workflow linking a dependent to it) never
+waits for it on the worker's only connection: the statements pass such a row over (SKIP LOCKED)
+and the read-back finds it still running under this claim, or the session's ``lock_timeout``
+ends a wait inside a trigger. That outcome is kept aside, its lease renewed with the rest, and
+written again after a short delay (``BUSY_FIRST`` doubling up to ``BUSY_MOST``) until the row is
+free: nothing is lost, and every other outcome is written now.
 """
 
 import logging
@@ -16,7 +24,8 @@ import time
 from dataclasses import dataclass
 
 from . import signals, store
-from .connections import DB_ERRORS
+from .ack_reports import Reporting
+from .connections import BUSY_ERRORS, DB_ERRORS
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -34,8 +43,24 @@ class _Failure:
     tries: int = 0  # writes refused for a reason other than the connection
 
 
-class Acknowledger:
+@dataclass(eq=False)
+class _Later:
+    """An outcome whose job's row another transaction held: written again at ``due``."""
+
+    due: float  # time.monotonic()
+    kind: str  # "done" (item: (entry, result, duration)) or "failed" (item: a _Failure)
+    item: object
+    tries: int = 1
+
+    @property
+    def entry(self):
+        return self.item[0] if self.kind == "done" else self.item.entry
+
+
+class Acknowledger(Reporting):
     MAX_OTHER_ERRORS = 5  # a write that keeps failing for a reason other than the connection
+    BUSY_FIRST = 0.1  # seconds before a write whose row was locked is tried again ...
+    BUSY_MOST = 2.0  # ... doubling up to this
 
     def __init__(
         self,
@@ -56,6 +81,8 @@ class Acknowledger:
         self._lock = threading.Lock()
         self._done = []  # (entry, result_json, duration)
         self._failed: list[_Failure] = []
+        self._later: list[_Later] = []  # outcomes whose rows were locked: tried again later
+        self._tries = {}  # (id, token) -> times put off so far, of an outcome due again
         self.on_ready = lambda: None  # set by the worker: wakes its loop
         self.next_retry = None  # time.monotonic() when the soonest retry written comes due
         self.succeeded = 0
@@ -65,6 +92,7 @@ class Acknowledger:
         self.deferred = 0
         self.cancelled = 0
         self.snoozed = 0  # snoozes and durable waits written
+        self.busy = 0  # writes put off because another transaction held the job's row
 
     # -- called by handler threads -------------------------------------------------------------
     def succeed(self, entry, result_json=None, duration=None):
@@ -137,8 +165,19 @@ class Acknowledger:
 
     # -- called by the claim loop --------------------------------------------------------------
     def pending(self):
+        """Outcomes not written yet, those put off for a locked row included."""
+        with self._lock:
+            return len(self._done) + len(self._failed) + len(self._later)
+
+    def ready(self):
+        """Outcomes to write now (not those put off for a locked row until ``next_due()``)."""
         with self._lock:
             return len(self._done) + len(self._failed)
+
+    def next_due(self):
+        """When the soonest outcome put off for a locked row is tried again, or None."""
+        with self._lock:
+            return min((later.due for later in self._later), default=None)
 
     def full(self):
         with self._lock:
@@ -147,7 +186,26 @@ class Acknowledger:
     def pending_keys(self):
         """``(id, token)`` of every buffered outcome: their leases must be kept until written."""
         with self._lock:
-            return [e.key for e, _, _ in self._done] + [f.entry.key for f in self._failed]
+            return (
+                [e.key for e, _, _ in self._done]
+                + [f.entry.key for f in self._failed]
+                + [later.entry.key for later in self._later]
+            )
+
+    def pending_outcomes(self):
+        """``[(entry, outcome)]`` of every buffered outcome, for a restart in place to hand to
+        the new image (restart.held_runs): ``["done", result]``, ``["failed", error, delay,
+        dead]`` for a plain failure, ``["spent"]`` for the rest (a cancelled end, a snooze or
+        wait, an unknown type: the new image writes the attempt as spent)."""
+        with self._lock:
+            done, failed = list(self._done), list(self._failed)
+            for later in self._later:
+                (done if later.kind == "done" else failed).append(later.item)
+        outcomes = [(entry, ["done", result]) for entry, result, _ in done]
+        for f in failed:
+            plain = f.error is not None and f.snooze is None and not f.unknown_type
+            outcomes.append((f.entry, ["failed", f.error, f.delay, f.dead] if plain else ["spent"]))
+        return outcomes
 
     def flush_once(self, db):
         """Write what is buffered on ``db``. Returns the number of outcomes written.
@@ -155,6 +213,7 @@ class Acknowledger:
         Raises the connection error when the database is gone; nothing is lost then: the
         buffer keeps it all for the next call.
         """
+        self._take_due(time.monotonic())
         with self._lock:
             done, self._done = self._done, []
             failed, self._failed = self._failed, []
@@ -172,7 +231,45 @@ class Acknowledger:
                 self._done[:0] = done
                 self._failed[:0] = failed
             raise
+        if self._tries:  # forget the counts of outcomes put off once and written since
+            keys = set(self.pending_keys())
+            self._tries = {key: n for key, n in self._tries.items() if key in keys}
         return written
+
+    def _take_due(self, now):
+        """Put the outcomes put off for a locked row whose time came back in the buffer."""
+        with self._lock:
+            if not self._later or min(later.due for later in self._later) > now:
+                return
+            due = [later for later in self._later if later.due <= now]
+            self._later = [later for later in self._later if later.due > now]
+            for later in due:
+                if later.kind == "done":
+                    self._done.append(later.item)
+                else:
+                    self._failed.append(later.item)
+                self._tries[later.entry.key] = later.tries
+
+    def _put_off(self, kind, item, why):
+        """Write ``item`` again later: its job's row was locked by another transaction."""
+        later = _Later(0.0, kind, item)
+        later.tries = self._tries.pop(later.entry.key, 0) + 1
+        tries = later.tries
+        later.due = time.monotonic() + min(self.BUSY_MOST, self.BUSY_FIRST * 2 ** (tries - 1))
+        with self._lock:
+            self._later.append(later)
+            self.busy += 1
+        if tries == 1:
+            ctx = later.entry.ctx
+            logger.warning(
+                "dbqueue job=%s type=%s attempt=%s: its row is locked by another transaction "
+                "(%s); its %s is written once that ends, meanwhile the worker goes on",
+                ctx.id,
+                ctx.name,
+                ctx.attempt,
+                why,
+                "completion" if kind == "done" else "outcome",
+            )
 
     # -- writes --------------------------------------------------------------------------------
     def take_done(self):
@@ -194,6 +291,13 @@ class Acknowledger:
     def _write_done(self, db, done):
         try:
             matched = store.completed_endings(db.execute(*self.done_statement(done)))
+        except BUSY_ERRORS:
+            # A wait inside the statement (a workflow dependent's row that another transaction
+            # holds) ran out: narrow it down; the others go through.
+            if len(done) == 1:
+                self._put_off("done", done[0], "a dependent's row")
+                return 0
+            return sum(self._write_done(db, [item]) for item in done)
         except DB_ERRORS:
             raise
         except Exception:
@@ -223,11 +327,18 @@ class Acknowledger:
         ``matched``: ``{id: None}`` per job written done, ``{id: who}`` per job that ended
         cancelled (``store.completed_endings``)."""
         missing = [e for e, _, _ in done if e.ctx.id not in matched]
+        busy = set()
         if missing:
-            for job_id, state in self._read_back(db, missing, "done", "cancelled").items():
-                matched[job_id] = None if state == "done" else ""
-        for entry, _, duration in done:
-            if entry.ctx.id not in matched:
+            for job_id, state in self._read_back(db, missing, "done", "cancelled", "running"):
+                if state == "running":
+                    busy.add(job_id)  # still ours: its row was locked, passed over
+                else:
+                    matched[job_id] = None if state == "done" else ""
+        for item in done:
+            entry, _, duration = item
+            if entry.ctx.id in busy:
+                self._put_off("done", item, "the completion passed it over")
+            elif entry.ctx.id not in matched:
                 self._fenced(entry, "completion")
             elif matched[entry.ctx.id] is not None:
                 self._report_cancelled(entry.ctx, matched[entry.ctx.id], None, duration)
@@ -244,14 +355,14 @@ class Acknowledger:
         return len(matched)
 
     def _read_back(self, db, entries, *states):
-        """``{id: state}`` of the ``entries`` whose row shows this run's own write in one of
-        ``states``."""
+        """``[(id, state)]`` of the ``entries`` whose row still carries this run's token, in
+        one of ``states`` (this run's own write; "running": not written yet)."""
         rows = store.read_back(db, [e.ctx.id for e in entries])
-        return {
-            e.ctx.id: rows[e.ctx.id][0]
+        return [
+            (e.ctx.id, rows[e.ctx.id][0])
             for e in entries
             if rows.get(e.ctx.id, (None, None))[1] == e.token and rows[e.ctx.id][0] in states
-        }
+        ]
 
     def _write_failure(self, db, failure):
         entry, ctx = failure.entry, failure.entry.ctx
@@ -280,6 +391,10 @@ class Acknowledger:
                     delay=failure.delay,
                     dead=failure.dead,
                 ) or (None, None)
+        except BUSY_ERRORS:
+            # A wait inside the statement (a trigger locking a workflow dependent's row) ran out.
+            self._put_off("failed", failure, "a dependent's row")
+            return False
         except DB_ERRORS:
             raise
         except Exception:
@@ -306,6 +421,10 @@ class Acknowledger:
         if state is None:
             rows = store.read_back(db, [ctx.id])
             state, token = rows.get(ctx.id, (None, None))
+            if token == entry.token and state == "running" and not failure.unknown_type:
+                # Still ours: the statement passed its locked row over (SKIP LOCKED).
+                self._put_off("failed", failure, "the write passed it over")
+                return False
             if token != entry.token or state not in ("pending", "dead", "cancelled"):
                 self._fenced(entry, "failure")
                 return False
@@ -362,92 +481,3 @@ class Acknowledger:
             run_after,
         )
         return True
-
-    def _report_cancelled(self, ctx, cancelled_by, error, duration):
-        self.cancelled += 1
-        logger.warning(
-            "dbqueue cancelled job=%s type=%s attempt=%s by %s%s",
-            ctx.id,
-            ctx.name,
-            ctx.attempt,
-            cancelled_by or "?",
-            f" (its run ended with {error['class']}: {error['message']})" if error else "",
-        )
-        self._signal(
-            signals.job_cancelled,
-            ctx,
-            cancelled_by=cancelled_by or None,
-            error=error,
-            duration=duration,
-        )
-
-    def _report_failure(self, failure, state, cancelled_by=None):
-        ctx, error = failure.entry.ctx, failure.error
-        if state == "cancelled":
-            self._report_cancelled(ctx, cancelled_by, error, failure.duration)
-        elif state == "dead":
-            self.dead += 1
-            logger.error(
-                "dbqueue dead job=%s type=%s attempt=%s/%s: %s: %s",
-                ctx.id,
-                ctx.name,
-                ctx.attempt,
-                ctx.max_attempts,
-                error["class"],
-                error["message"],
-            )
-            self._signal(signals.job_dead, ctx, error=error, duration=failure.duration)
-        elif failure.unknown_type:
-            self.deferred += 1
-            logger.warning(
-                "dbqueue deferred job=%s type=%s attempt=%s: no handler on this worker; back to "
-                "pending in %gs for a worker that has one (the attempt is not spent)",
-                ctx.id,
-                ctx.name,
-                ctx.attempt,
-                self.unknown_type_delay,
-            )
-        else:
-            self.failed += 1
-            due = time.monotonic() + failure.delay
-            self.next_retry = due if self.next_retry is None else min(self.next_retry, due)
-            logger.warning(
-                "dbqueue retried job=%s type=%s attempt=%s/%s in %.1fs: %s: %s",
-                ctx.id,
-                ctx.name,
-                ctx.attempt,
-                ctx.max_attempts,
-                failure.delay,
-                error["class"],
-                error["message"],
-            )
-            self._signal(
-                signals.job_failed,
-                ctx,
-                error=error,
-                retry_in=failure.delay,
-                duration=failure.duration,
-            )
-
-    def _fenced(self, entry, what):
-        self.fenced += 1
-        logger.warning(
-            "dbqueue fenced job=%s type=%s attempt=%s: %s discarded, the lease was lost and the "
-            "job belongs to another attempt",
-            entry.ctx.id,
-            entry.ctx.name,
-            entry.ctx.attempt,
-            what,
-        )
-
-    def _signal(self, signal, ctx, **extra):
-        signals.send(
-            signal,
-            ctx.type,
-            job_name=ctx.name,
-            job_id=ctx.id,
-            queue=ctx.queue,
-            attempt=ctx.attempt,
-            worker_id=self.worker_id,
-            **extra,
-        )

@@ -12,7 +12,7 @@ import time
 
 from . import registry, store
 from .conf import SHARED_FAIR_KEY
-from .connections import DB_ERRORS, OTHER_DB_ERRORS
+from .connections import BUSY_ERRORS, DB_ERRORS, OTHER_DB_ERRORS
 from .context import JobContext
 from .inflight import BatchRun, Entry
 from .outcomes import error_record
@@ -325,9 +325,23 @@ def recover(w):
             w.worker_id,
         )
         return None
-    known = w.inflight.tokens() | {token for _, token in w.acks.pending_keys()}
-    released = store.release_unknown(w.session, worker=w.worker_id, known=known)
-    w._reconnected = False
+    try:
+        released, busy = store.hand_back_unknown(
+            w.session, worker=w.worker_id, known=known_tokens(w)
+        )
+    except BUSY_ERRORS as exc:  # a wait past lock_timeout: look again on a later pass
+        logger.warning("dbqueue worker: handing back lost claims waited for a lock (%s)", exc)
+        return None
+    # A job whose row another transaction holds is handed back on a later pass.
+    w._reconnected = bool(busy)
+    if busy:
+        logger.warning(
+            "dbqueue worker %s: %d jobs it held without knowing are locked by another "
+            "transaction; handing them back later: %s",
+            w.worker_id,
+            len(busy),
+            sorted(busy),
+        )
     if released:
         logger.warning(
             "dbqueue worker %s released %d jobs it held without knowing (a claim whose "
@@ -337,3 +351,14 @@ def recover(w):
             sorted(released),
         )
     return released
+
+
+def known_tokens(w):
+    """The lease tokens of every job ``w`` holds: its entries and its unwritten outcomes."""
+    return w.inflight.tokens() | {token for _, token in w.acks.pending_keys()}
+
+
+def own_jobs(w):
+    """For ``w``'s sweeper: ``(worker id, known_tokens)``; None after a lost connection until
+    ``recover`` looked (a lost claim's jobs are handed back there, unspent)."""
+    return None if w._reconnected else (w.worker_id, known_tokens(w))

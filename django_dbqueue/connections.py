@@ -32,13 +32,17 @@ logger = logging.getLogger("django_dbqueue")
 DB_ERRORS = (OperationalError, InterfaceError, psycopg.OperationalError, psycopg.InterfaceError)
 # Any other database error (a constraint, a missing table): logged, retried slowly.
 OTHER_DB_ERRORS = (DatabaseError, psycopg.Error)
+# A statement of a worker's Session that waited for a lock past the session's lock_timeout:
+# another transaction holds a row (or a table) it needs. Not a lost connection (it is one of
+# DB_ERRORS' classes, so catch it first): what it wanted to write is tried again later.
+BUSY_ERRORS = (psycopg.errors.LockNotAvailable,)
 
 
 class PlannedOnce(str):
     """A statement that a worker's Session runs with a generic plan, made once per connection
     (``plan_cache_mode = force_generic_plan``, see ``Session._plan_mode``); every other
     statement is planned for each execution's own values. The two that run for every batch
-    are marked so where they are written (``CLAIM_JOBS`` in store/claiming.py, ``COMPLETE_JOBS``
+    are marked so where they are written (``CLAIM_JOBS`` in store/claiming.py, ``COMPLETE_HELD_JOBS``
     in store/completion.py): planning them cost more than running them (0.5 and 0.9 ms against
     1.3 and 1.0 ms for a batch of 50 in EXPLAIN ANALYZE). Each one has a plan that fits every size of
     batch and table, which tests/integration/test_plans.py checks; a statement marked so needs
@@ -153,9 +157,22 @@ class Session:
 
     APPLICATION_NAME = "dbqueue worker"  # unless the database's OPTIONS name one
 
-    def __init__(self, using, *, prepare=True, listen=None, on_notify=None, track_backend=False):
+    def __init__(
+        self,
+        using,
+        *,
+        prepare=True,
+        listen=None,
+        on_notify=None,
+        track_backend=False,
+        lock_timeout=None,
+    ):
         self.using = using
         self.track_backend = track_backend  # note the backend at connect (end_lost_backends)
+        # Seconds a statement may wait for a lock before it fails with BUSY_ERRORS: set on the
+        # connection (SET lock_timeout) when its backend is its own, never through a pooler,
+        # which would leave it on other clients' server connections.
+        self.lock_timeout = lock_timeout
         self.prepare = prepare
         self.listen = listen
         self.on_notify = on_notify
@@ -188,8 +205,17 @@ class Session:
                     psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.listen)),
                     prepare=False,
                 )
-            if self.track_backend:
-                self.backend = self._own_backend(conn)
+            if self.track_backend or self.lock_timeout:
+                backend = self._own_backend(conn)
+                if self.track_backend:
+                    self.backend = backend
+                if self.lock_timeout and backend is not None:
+                    conn.execute(
+                        psycopg.sql.SQL("SET lock_timeout = {}").format(
+                            psycopg.sql.Literal(max(1, round(self.lock_timeout * 1000)))
+                        ),
+                        prepare=False,
+                    )
         except BaseException:
             conn.close()
             raise

@@ -3,7 +3,10 @@
 ``beat_once()`` renews, in one fenced statement, the lease of every job the worker still holds
 (running, waiting for a thread, or finished with its outcome not yet written); a running job
 missing from the answer was taken back by the sweeper and is marked lost, so it is never started
-and its outcome is discarded. The same answer says which held jobs were marked for
+and its outcome is discarded. A job whose row another transaction holds is passed over, not
+waited for (``busy``): it stays held, and its lease is renewed by a later beat, once the row is
+free; the sweeper leaves a live worker's jobs alone meanwhile (store/leases.py,
+RESCUE_EXPIRED). The same answer says which held jobs were marked for
 cancellation: the backstop for a cancel notification that did not arrive. ``check_timeouts()`` gives up runs past their type's timeout:
 the attempt is recorded as failed (and retried elsewhere), and the handler pool replaces the
 thread that is still stuck in it (or kills the child process running it). The failure is written
@@ -22,10 +25,25 @@ from .outcomes import error_record
 logger = logging.getLogger("django_dbqueue")
 
 
+def given_up_record(ctx, *, worker_id, cls, reason):
+    """The error kept for a run this worker gave up for ``reason`` (a restart in place): the
+    attempt counts, so the job is retried or, after its last attempt, dead."""
+    last = ctx.attempt >= ctx.max_attempts
+    return {
+        "attempt": ctx.attempt,
+        "class": cls,
+        "message": f"{reason}; the attempt counts"
+        + (" (that was its last attempt)" if last else " and the job is retried"),
+        "traceback": "",
+        "worker": worker_id,
+    }
+
+
 class Heartbeat:
     def __init__(self, worker):
         self.worker = worker
         self.lost = 0
+        self.busy = 0  # held jobs whose rows another transaction held at the last beat
 
     def beat_once(self, db):
         """Extend the leases; returns ``(kept, lost)`` counts."""
@@ -36,18 +54,39 @@ class Heartbeat:
             return 0, 0
         sent = time.monotonic()  # the renewed leases end no sooner than LEASE after this
         # Keyed by (id, token): an old run of a job beside a new claim of it is not renewed.
-        kept = store.extend_leases(
-            db, sorted(keys), async_commit=worker.async_commit, by_token=True
-        )
+        kept, busy = store.renew_leases(db, sorted(keys), async_commit=worker.async_commit)
+        self.busy = len(busy)
         for entry in held:
             if entry.key in kept:
                 entry.ctx._renewed = sent
+                if entry.busy:
+                    entry.busy = False
+                    logger.info(
+                        "dbqueue lease renewed again job=%s type=%s attempt=%s: the "
+                        "transaction that held its row ended",
+                        entry.ctx.id,
+                        entry.ctx.name,
+                        entry.ctx.attempt,
+                    )
+            elif entry.key in busy and not entry.busy:
+                entry.busy = True
+                logger.warning(
+                    "dbqueue lease not renewed job=%s type=%s attempt=%s: another transaction "
+                    "holds its row (a select_for_update(), an early SET CONSTRAINTS, a "
+                    "transaction left open); renewed once that ends, and not taken back while "
+                    "this worker is alive",
+                    entry.ctx.id,
+                    entry.ctx.name,
+                    entry.ctx.attempt,
+                )
         # Only a job still held *after* the statement was really lost: one that finished in the
         # meantime has its outcome in the acknowledgement buffer (renewed above) or written.
         cancelling = sorted({job_id for (job_id, _token), marked in kept.items() if marked})
         if cancelling:
             worker.cancel_requested(cancelling)  # those already told are skipped
-        lost = worker.inflight.mark_lost([e for e in held if e.key not in kept])
+        lost = worker.inflight.mark_lost(
+            [e for e in held if e.key not in kept and e.key not in busy]
+        )
         for entry in lost:
             self.lost += 1
             logger.warning(

@@ -31,6 +31,7 @@ class Entry:
     ended: bool = False  # the pool is done with it (Inflight.end)
     lost: bool = False  # the lease went to someone else: never start it, discard its outcome
     released: bool = False  # handed back at shutdown
+    busy: bool = False  # the last beat found its row locked by another transaction
     withdrawn: bool = False  # cancelled before it started: never start it; its end is written
     keyed: bool = False  # it has a serial key
     batch: object = None  # the BatchRun it runs in (a batch type's job), or None
@@ -239,8 +240,10 @@ class Inflight:
         runs (a second run could start beside it), and a run past its timeout whose failure
         waits for its end. Those stay ``running`` and are written when they end, or taken back
         when their lease expires after the process is gone. With ``runs_are_killed`` (process
-        mode: every run's child is killed, and gone, before the release) nothing is kept.
-        Returns ``(released, kept)``."""
+        mode: every run's child is killed, and gone, before the release) only the runs past
+        their timeout are not released: their attempts count, and their failures are written
+        once their children are dead (Worker.finished), not handed back with the attempt given
+        back. Returns ``(released, kept)``; ``kept`` without those of process mode."""
         with self._lock:
             held = [e for e in self._entries.values() if e.holds_lease]
             kept = [
@@ -248,7 +251,8 @@ class Inflight:
                 for e in held
                 if not runs_are_killed and e.started is not None and (e.exclusive or e.timed_out)
             ]
-            released = [e for e in held if e not in kept]
+            # A run past its timeout is a spent attempt, whatever the mode.
+            released = [e for e in held if e not in kept and not e.kept_past_timeout]
             for entry in released:
                 entry.released = True
                 entry.ctx._lease_gone = True

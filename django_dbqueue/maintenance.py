@@ -12,7 +12,7 @@ import logging
 import time
 
 from . import store
-from .connections import DB_ERRORS
+from .connections import BUSY_ERRORS, DB_ERRORS
 from .rollup import INTERVAL as ROLLUP_INTERVAL
 
 logger = logging.getLogger("django_dbqueue")
@@ -96,6 +96,12 @@ class Maintenance:
         w = self.worker
         try:
             return func(*args)
+        except BUSY_ERRORS as exc:
+            # Another transaction held what it needed past the session's lock_timeout: the
+            # connection is fine, and the next interval tries again.
+            logger.warning(
+                "dbqueue %s waited too long for a lock (%s); trying again later", what, exc
+            )
         except DB_ERRORS as exc:
             w._lost_connection()
             logger.warning("dbqueue %s failed, the database connection was lost (%s)", what, exc)

@@ -17,8 +17,17 @@ What that keeps, and why it is chosen over running the worker as a supervised ch
   through ``execve``) and unblocked once the new image has installed its handlers, so a stop
   asked for during the restart is a graceful stop of the new image, not lost or fatal.
 
-The new image runs under the old worker id and, on its first pass, releases every job that id
-still holds (``Worker._recover``): the threads that could have run them died with the old image.
+The new image runs under the old worker id. The old image hands it, with the worker id, the
+runs it still held when it replaced itself (``held_runs``): runs past their timeout whose
+failure waited for their end, runs that must not overlap a second one and were still going after
+the grace, outcomes it could not write. Their threads die with the old image, so the new one
+writes their ends before anything else, fenced by their lease tokens: each such run was started,
+so its attempt counts (a run past its timeout as a ``TimeoutError``, a run cut short by the
+restart as ``WorkerRestarted``; a finished run's outcome as it was). Then, on its first pass, it
+hands back, without spending an attempt, every other job that worker id still holds
+(``Worker._recover``): those were never started (a claim whose reply was lost, a release that
+failed as it stopped). docs/concepts/shutdown.md has the table of every path.
+
 Restarts that come in quick succession wait, as the supervisor's do: nothing for the first in a
 minute, then 0.5 s doubling up to 30 s.
 """
@@ -29,13 +38,20 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import time
+from types import SimpleNamespace
+
+from . import registry
+from .heartbeat import given_up_record
 
 logger = logging.getLogger("django_dbqueue")
 
-# Set by the old image for the new one: its pid, the worker id, the recent restarts. Read once and
-# taken out of the environment, so that no process the new image starts inherits it; the pid
-# makes sure only an image of the same process takes it for its own.
+# Set by the old image for the new one: its pid, the worker id, the recent restarts, and the file
+# descriptor of an unlinked file with the runs it held (any number of them: the environment's
+# size is bounded, a file's is not). Read once and taken out of the environment, so that no
+# process the new image starts inherits it; the pid makes sure only an image of the same process
+# takes it for its own.
 ENV = "DBQUEUE_RESTARTED"
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 WINDOW = 60.0  # restarts within this many seconds count towards the delay
@@ -43,7 +59,8 @@ _taken = []  # the state taken out of the environment: [state or None]
 
 
 def previous():
-    """``{"worker": id, "times": [...]}`` left by the image this one replaced, or None."""
+    """``{"worker": id, "times": [...], "held": [...]}`` left by the image this one replaced, or
+    None. ``held``: the runs it still held (``held_runs``)."""
     if not _taken:
         _taken.append(_read(os.environ.pop(ENV, None)))
     return _taken[0]
@@ -56,9 +73,132 @@ def _read(raw):
         state = json.loads(raw)
         if int(state["pid"]) != os.getpid():
             return None  # inherited by another process: not ours
-        return {"worker": str(state["worker"]), "times": [float(t) for t in state["times"]]}
+        return {
+            "worker": str(state["worker"]),
+            "times": [float(t) for t in state["times"]],
+            "held": _read_held(state.get("held_fd")),
+        }
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _read_held(fd):
+    """The held runs the old image wrote to the file ``fd`` (None: none), which is closed."""
+    if fd is None:
+        return []
+    try:
+        with os.fdopen(int(fd), "rb") as file:
+            held = json.loads(file.read())
+        return [_held_run(run) for run in held]
+    except (OSError, ValueError, KeyError, TypeError):
+        logger.exception(
+            "dbqueue: the runs held before the restart could not be read; the jobs they hold "
+            "are handed back without spending their attempts"
+        )
+        return []
+
+
+def _held_run(run):
+    outcome = run["outcome"]
+    if outcome[0] not in ("done", "failed", "spent"):
+        raise ValueError(f"unknown outcome {outcome[0]!r}")
+    return {
+        "id": int(run["id"]),
+        "token": int(run["token"]),
+        "type": str(run["type"]),
+        "name": str(run["name"]),
+        "queue": str(run["queue"]),
+        "attempt": int(run["attempt"]),
+        "max_attempts": int(run["max_attempts"]),
+        "outcome": outcome,
+    }
+
+
+def held_runs(worker):
+    """What ``worker`` (stopped, about to be replaced) still holds of runs it started: the
+    entries whose lease it keeps (a run past its timeout whose failure waits for its end, a
+    run that must not overlap a second one and outlived the grace) and the outcomes it could
+    not write. Each as a dict with the job's id, lease token, type, name, queue, attempt and
+    max_attempts, and ``outcome``: ``["done", result]``, ``["failed", error, delay, dead]``,
+    or ``["spent"]`` (a run cut short by the restart)."""
+    runs, seen = [], set()
+
+    def add(entry, outcome):
+        if entry.key not in seen:
+            seen.add(entry.key)
+            ctx = entry.ctx
+            runs.append(
+                {
+                    "id": ctx.id,
+                    "token": entry.token,
+                    "type": ctx.type,
+                    "name": ctx.name,
+                    "queue": ctx.queue,
+                    "attempt": ctx.attempt,
+                    "max_attempts": ctx.max_attempts,
+                    "outcome": outcome,
+                }
+            )
+
+    for entry, outcome in worker.acks.pending_outcomes():
+        add(entry, outcome)
+    for entry in worker.inflight.snapshot():
+        if entry.started is None or not entry.holds_lease:
+            continue  # never started (handed back), or not this worker's to write any more
+        if entry.timeout_failure is not None:
+            error, delay = entry.timeout_failure
+            add(entry, ["failed", error, delay, False])
+        else:
+            add(entry, ["spent"])
+    return runs
+
+
+def _hand_over(runs):
+    """An inheritable descriptor of an unlinked file holding ``runs``, for the new image (None
+    when there are none)."""
+    if not runs:
+        return None
+    with tempfile.TemporaryFile() as file:
+        file.write(json.dumps(runs).encode())
+        file.flush()
+        fd = os.dup(file.fileno())
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def take_over(worker, held):
+    """In the new image: buffer the ends of the runs the old image ``held``, to be written
+    (fenced, durably, before the first claim) by the acknowledger like any outcome. Until they
+    are, their leases are renewed and the release of the jobs this worker id holds without
+    knowing leaves them alone (``Worker._recover``). Returns how many."""
+    for run in held:
+        ctx = SimpleNamespace(
+            id=run["id"],
+            type=run["type"],
+            name=run["name"],
+            queue=run["queue"],
+            attempt=run["attempt"],
+            max_attempts=run["max_attempts"],
+        )
+        entry = SimpleNamespace(ctx=ctx, token=run["token"], key=(ctx.id, run["token"]))
+        kind, *data = run["outcome"]
+        if kind == "done":
+            worker.acks.succeed(entry, data[0])
+            continue
+        if kind == "failed":
+            error, delay, dead = data
+        else:
+            error = given_up_record(
+                ctx,
+                worker_id=worker.worker_id,
+                cls="WorkerRestarted",
+                reason="the worker restarted in place (it gave up) while this run was going",
+            )
+            delay = worker.retry_delay(registry.get(ctx.type), ctx.attempt)
+            dead = False
+        worker.acks.fail(entry, error, delay=float(delay), dead=bool(dead))
+    return len(held)
 
 
 def delay(times, now):
@@ -74,8 +214,16 @@ def resume(worker, out):
     state = previous()
     if state is None:
         return
-    # The first pass hands back what this worker id holds and no thread of ours runs: every
-    # job the old image still held, including those whose release failed as it stopped.
+    # The runs the old image started and still held end first (their attempts count); then the
+    # first pass hands back what else this worker id holds and no thread of ours runs (never
+    # started: a release that failed as the old image stopped, a claim whose reply was lost).
+    if held := state["held"]:
+        take_over(worker, held)
+        out(
+            f"dbqueue worker {worker.worker_id}: writing the ends of {len(held)} runs the "
+            "image before the restart held (their attempts count): "
+            + ", ".join(str(run["id"]) for run in held)
+        )
     worker._reconnected = True
     # Children of the old image that ended with it (process mode's handler processes, its
     # multiprocessing resource tracker) are ours now: reap them, none of this image runs yet.
@@ -111,7 +259,12 @@ def in_place(worker, out):
         out(f"dbqueue worker {worker.worker_id}: stop asked for; not restarting")
         return
     times = [t for t in state["times"] if now - t < WINDOW] + [time.time()]
-    os.environ[ENV] = json.dumps({"pid": os.getpid(), "worker": worker.worker_id, "times": times})
+    # The runs it still holds: their threads end with this image, and the new one writes their
+    # ends (take_over) before it hands back anything else.
+    held_fd = _hand_over(held_runs(worker))
+    os.environ[ENV] = json.dumps(
+        {"pid": os.getpid(), "worker": worker.worker_id, "times": times, "held_fd": held_fd}
+    )
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     logging.shutdown()  # flush every handler; the new image configures logging afresh

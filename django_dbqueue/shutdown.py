@@ -16,7 +16,7 @@ import time
 from django.db import connections
 
 from . import store
-from .connections import DB_ERRORS, OTHER_DB_ERRORS
+from .connections import BUSY_ERRORS, DB_ERRORS, OTHER_DB_ERRORS
 
 logger = logging.getLogger("django_dbqueue")
 
@@ -42,30 +42,53 @@ def quiet_tick(w, wait):
 
 def release(w, entries, why):
     """Hand ``entries`` back without spending their attempts, after writing every outcome
-    already buffered; retried through a lost connection. Returns the ids released. A job whose
-    cancel was asked for is not handed back: it ends cancelled (sql.RELEASE_JOBS)."""
-    held = [e.key for e in entries]
+    already buffered; retried through a lost connection. Returns the entries not handed back
+    because another transaction holds their rows (``retry_release`` tries them again). A job
+    whose cancel was asked for is not handed back: it ends cancelled (sql.RELEASE_JOBS)."""
+    held = {e.key: e for e in entries}
     for attempt in range(5):
         try:
             # Outcomes first: a job that finished is written as finished, not handed back.
             w.acks.flush_once(w.session)
-            ended = store.release_ending(w.session, held)
-            for entry in entries:
-                if entry.ctx.id in ended:
-                    logger.info(
-                        "dbqueue %s job=%s type=%s attempt=%s (%s)",
-                        "released" if ended[entry.ctx.id] == "pending" else "cancelled",
-                        entry.ctx.id,
-                        entry.ctx.name,
-                        entry.ctx.attempt,
-                        why,
-                    )
-            return set(ended)
+            ended, busy = store.hand_back(w.session, list(held))
+        except BUSY_ERRORS:
+            ended, busy = {}, {key[0] for key in held}  # a trigger waited: all of them again
         except DB_ERRORS as exc:
             w.session.reset()
             logger.warning("dbqueue could not release %d jobs (%s)", len(held), exc)
             time.sleep(0.2 * (attempt + 1))
-    return set()
+            continue
+        for entry in entries:
+            if entry.ctx.id in ended:
+                logger.info(
+                    "dbqueue %s job=%s type=%s attempt=%s (%s)",
+                    "released" if ended[entry.ctx.id] == "pending" else "cancelled",
+                    entry.ctx.id,
+                    entry.ctx.name,
+                    entry.ctx.attempt,
+                    why,
+                )
+        left = [(entry, why) for entry in entries if entry.ctx.id in busy]
+        if left:
+            logger.warning(
+                "dbqueue worker %s: %d jobs to hand back are locked by another transaction; "
+                "trying again until the worker exits: %s",
+                w.worker_id,
+                len(left),
+                sorted(entry.ctx.id for entry, _ in left),
+            )
+        return left
+    return []
+
+
+def retry_release(w, left):
+    """Try again to hand back ``left`` (``[(entry, why)]`` from ``release``); returns what is
+    still locked. Their rows' transactions may end at any time: the stop waits for them as
+    long as it waits for anything else."""
+    still = []
+    for why in dict.fromkeys(why for _, why in left):
+        still += release(w, [entry for entry, reason in left if reason == why], why)
+    return still
 
 
 def _being_killed(w):
@@ -84,13 +107,15 @@ def shut_down(w):
     w.maintenance.next["presence"] = 0.0  # the registry shows "stopping" at the next tick
     w.waiting.release()  # no more claims: enqueues need not wake us
     unstarted = w.inflight.release_unstarted()
+    left = []  # jobs to hand back whose rows another transaction holds: tried again meanwhile
     if unstarted:
-        release(w, unstarted, "not started before the stop")
+        left = release(w, unstarted, "not started before the stop")
         for entry in unstarted:
             w.finished(entry)
     deadline = time.monotonic() + w.conf.SHUTDOWN_GRACE
     while (w.inflight.occupied() or _being_killed(w)) and time.monotonic() < deadline:
         quiet_tick(w, min(0.05, max(0.0, deadline - time.monotonic())))
+        left = retry_release(w, left) if left else left
     # Process mode kills every run's child below, before its job goes back: nothing need stay.
     remaining, kept = w.inflight.release_all(runs_are_killed=w.pool.kills_at_timeout)
     if remaining:
@@ -103,7 +128,7 @@ def shut_down(w):
         # Process mode: their handler processes are killed first, and gone before the jobs go
         # back (a child that ignores SIGTERM must not run on while its job runs elsewhere).
         w.pool.end_runs(remaining)
-        release(w, remaining, "still running after the grace period")
+        left += release(w, remaining, "still running after the grace period")
     if kept:
         # Handed back now, such a job could start again elsewhere while this process (and the
         # thread in it) still runs it: past its fleet-wide limit, beside its serial key's
@@ -122,8 +147,19 @@ def shut_down(w):
     w.pool.stop(timeout=0.5)
     # Whatever finished meanwhile: written, with retries through a lost connection.
     deadline = time.monotonic() + max(5.0, w.conf.SHUTDOWN_GRACE)
-    while (w.acks.pending() or _being_killed(w)) and time.monotonic() < deadline:
+    while (w.acks.pending() or _being_killed(w) or left) and time.monotonic() < deadline:
         quiet_tick(w, 0.05)
+        left = retry_release(w, left) if left else left
+    if left:
+        # Their leases expire after this process is gone, and the sweeper takes them back
+        # then: that attempt counts, although the run may never have started here.
+        logger.error(
+            "dbqueue worker %s: %d jobs could not be handed back, another transaction still "
+            "holds their rows: %s",
+            w.worker_id,
+            len(left),
+            sorted(entry.ctx.id for entry, _ in left),
+        )
     if w.acks.pending():
         logger.error(
             "dbqueue worker %s: %d outcomes could not be written before exiting; their "

@@ -8,7 +8,7 @@ pool and the listener (or the supervisor's wake-up pipe).
 
 import logging
 
-from . import flow, waiters
+from . import claiming, flow, waiters
 from .acks import Acknowledger
 from .connections import Session
 from .heartbeat import Heartbeat
@@ -38,6 +38,10 @@ def assemble(w, conf, *, waker):
         listen=conf.NOTIFY_CHANNEL if listen_here else None,
         on_notify=w._wakeup.set,
         track_backend=True,  # a claim its lost connection left running is ended (_recover)
+        # No statement of the loop waits long for a row another transaction holds (a caller's
+        # select_for_update(), an early SET CONSTRAINTS): the hot ones pass such rows over
+        # (SKIP LOCKED), and this bounds the rest (a trigger's, a function's).
+        lock_timeout=lock_timeout(conf),
     )
     w.acks = Acknowledger(
         worker_id=w.worker_id,
@@ -69,10 +73,18 @@ def assemble(w, conf, *, waker):
         else None,
         slots=waker is None,  # a group's listener picks whom to wake: its workers hold none
     )
-    w.sweeper = Sweeper(w.using, conf=conf, db=w.session)
+    w.sweeper = Sweeper(w.using, conf=conf, db=w.session, owner=lambda: claiming.own_jobs(w))
     w.scheduler = Scheduler(w.using, conf=conf)
     w.rollup = Rollup(w.using, conf=conf, db=w.session)  # the dashboard's minutes
     w.maintenance = Maintenance(w)
+
+
+def lock_timeout(conf):
+    """Seconds a statement of the worker's own connection may wait for a lock: a quarter of a
+    heartbeat interval, from 0.2 s to 1 s. Long enough for the locks workers take from each
+    other for an instant (a limiter row, a dependent counted down), short enough that a
+    caller's transaction holding a row never costs the other jobs' leases a heartbeat."""
+    return min(1.0, max(0.2, conf.HEARTBEAT_INTERVAL / 4))
 
 
 def set_flow(w, conf):

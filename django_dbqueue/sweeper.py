@@ -5,6 +5,12 @@ Each pass is bounded (``SWEEP_BATCH`` rows per statement, a few statements at mo
 SKIP LOCKED, so any number of workers can sweep at once: they split the expired rows between them
 and never wait on each other. ``run_once()`` returns counts; the worker calls it every
 ``SWEEP_INTERVAL`` seconds.
+
+An expired lease is taken back only when its worker is gone: its row in the worker registry is
+stale or deleted (presence.py). A live worker renews every lease it holds except those of rows
+another transaction locks, whose jobs it still runs; it takes back itself, in its own sweeps
+(``owner``), the expired jobs of its own that it no longer holds (a run whose outcome it gave up
+writing). docs/concepts/worker.md#callers-transactions.
 """
 
 import logging
@@ -18,12 +24,15 @@ logger = logging.getLogger("django_dbqueue")
 class Sweeper:
     MAX_ROUNDS = 10  # statements per pass; what is left waits for the next pass
 
-    def __init__(self, using=None, *, conf=None, db=None):
+    def __init__(self, using=None, *, conf=None, db=None, owner=None):
         self.conf = conf or get_settings()
         self.using = using or self.conf.DATABASE
         # Where the statements run: the alias (this thread's Django connection) or, inside a
         # worker, its own Session, so that sweeping costs the worker no extra connection.
         self.db = db if db is not None else self.using
+        # Inside a worker: returns (its worker id, the lease tokens it holds), or None while it
+        # cannot tell (Worker.own_jobs); its expired jobs that it does not hold are taken back.
+        self.owner = owner
 
     def run_once(self):
         """One pass. Returns ``{"rescued": n, "dead": n, "cancelled": n, "pruned": n,
@@ -85,6 +94,8 @@ class Sweeper:
         Returns ``{"rescued": n, "dead": n, "cancelled": n}``."""
         conf = self.conf
         counts = {"rescued": 0, "dead": 0, "cancelled": 0}
+        own = self.owner() if self.owner is not None else None
+        worker, known = own if own is not None else (None, ())
         for _ in range(self.MAX_ROUNDS):
             rows = store.rescue_expired(
                 self.db,
@@ -92,6 +103,8 @@ class Sweeper:
                 base=conf.BACKOFF_BASE,
                 factor=conf.BACKOFF_FACTOR,
                 cap=conf.BACKOFF_CAP,
+                worker=worker,
+                known=known,
             )
             for job_id, job_type, attempts, state, worker, queue, cancelled_by, name in rows:
                 if state == "cancelled":

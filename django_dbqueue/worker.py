@@ -33,7 +33,7 @@ from . import claiming, signals, startup
 from .cancel_notices import parse_cancel
 from .claim_timing import AGAIN, DRAINED, ClaimTiming
 from .conf import get_settings
-from .connections import DB_ERRORS, OTHER_DB_ERRORS, reset_connection
+from .connections import BUSY_ERRORS, DB_ERRORS, OTHER_DB_ERRORS, reset_connection
 from .execution import retry_delay
 from .inflight import Inflight
 from .notifications import Wakeup, parse_named, parse_wakeup
@@ -105,6 +105,7 @@ class Worker:
         self._signals = 0
         self._stop_signalled = False  # a signal asked to stop (see install_signal_handlers)
         self._reconnected = False
+        self._recover_after = 0.0  # time.monotonic() before which _recover does not look again
         self.exit_code = 0
         self.claimed_total = 0
         self.claims = 0  # claim statements run (the fleet benchmark counts claims per job)
@@ -400,6 +401,13 @@ class Worker:
                 self._take_notifies()
                 self._sync_slots()
                 errors = 0
+            except BUSY_ERRORS as exc:
+                # A lock held elsewhere past lock_timeout (startup.py): the connection is fine,
+                # the completions it carried are kept, jobs a committed claim took before a
+                # top-up failed are handed back unspent (_recover); claim again at the poll.
+                logger.warning("dbqueue worker: the claim waited too long for a lock (%s)", exc)
+                self._reconnected = True
+                self.timing.poll_from(time.monotonic())
             except DB_ERRORS as exc:
                 errors += 1
                 self._lost_connection()
@@ -451,9 +459,12 @@ class Worker:
 
     def _idle_wait(self):
         now = time.monotonic()
-        if self.acks.pending():
+        if self.acks.ready():
             return self.conf.ACK_INTERVAL
-        return max(0.0, min(self.timing.next_poll, self.maintenance.deadline()) - now)
+        due = [self.timing.next_poll, self.maintenance.deadline()]
+        if (later := self.acks.next_due()) is not None:
+            due.append(later)  # an outcome put off for a locked row is tried again then
+        return max(0.0, min(due) - now)
 
     def _batch_acks(self):
         """Let a few completions gather into one statement, unless the slots want a claim.
@@ -464,7 +475,7 @@ class Worker:
         what changed before is seen by them. (A stop by signal sets neither: the wait then runs
         out, ACK_INTERVAL at most.)"""
         self._acks_ready.clear()
-        if not self.acks.pending() or self.acks.full() or self._stop_requested():
+        if not self.acks.ready() or self.acks.full() or self._stop_requested():
             return
         if self.timing.due_for_acks(self.free_slots()):
             return  # a claim is due: the completions go with it
@@ -478,5 +489,9 @@ class Worker:
         self.timing.wake()  # notifications may have been missed meanwhile
 
     def _recover(self):
-        """After a lost connection: release what a lost claim took (claiming.recover)."""
+        """Release what a claim lost took (claiming.recover); held rows later, twice a second."""
+        now = time.monotonic()
+        if now < self._recover_after:
+            return None
+        self._recover_after = now + 0.5
         return claiming.recover(self)

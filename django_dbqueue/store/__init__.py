@@ -62,7 +62,16 @@ from .jobs import (
     task_result_row,
     unique_holder,
 )
-from .leases import extend_leases, release, release_ending, release_unknown, rescue_expired
+from .leases import (
+    extend_leases,
+    hand_back,
+    hand_back_unknown,
+    release,
+    release_ending,
+    release_unknown,
+    renew_leases,
+    rescue_expired,
+)
 from .metrics import metrics_snapshot
 from .operations import (
     cancel,
@@ -155,6 +164,8 @@ __all__ = [
     "find_jobs",
     "flow_state",
     "forget_expired_workers",
+    "hand_back",
+    "hand_back_unknown",
     "hold_other_types",
     "ids_by_keys",
     "insert_job",
@@ -187,6 +198,7 @@ __all__ = [
     "release_ending",
     "release_held",
     "release_unknown",
+    "renew_leases",
     "replay_event",
     "request_cancel",
     "requeue",

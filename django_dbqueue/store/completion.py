@@ -24,7 +24,7 @@ def complete(using, acks, *, async_commit=False, channel=None):
     """
     if not acks:
         return set()
-    statement = complete_statement(acks, async_commit=async_commit, channel=channel)
+    statement = complete_statement(acks, async_commit=async_commit, channel=channel, wait=True)
     return completed_ids(_execute(using, *statement))
 
 
@@ -33,8 +33,8 @@ def complete_ending(using, acks, *, async_commit=False, channel=None):
     ended cancelled (its cancel was asked for while it ran; ``''`` when nobody is recorded)."""
     if not acks:
         return {}
-    rows = _execute(using, *complete_statement(acks, async_commit=async_commit, channel=channel))
-    return completed_endings(rows)
+    statement = complete_statement(acks, async_commit=async_commit, channel=channel, wait=True)
+    return completed_endings(_execute(using, *statement))
 
 
 # Whether anybody waits for a result (wait_for_result, results.py): the waiter holds this
@@ -97,12 +97,19 @@ RESULT_WAITED = (
 # rows changed, by default). The primary key, one probe per id, is the plan at every size
 # (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements, planned
 # under the same mode, match theirs the same way (migration 0013).
-COMPLETE_JOBS = PlannedOnce(
-    """
+# Two texts (docs/concepts/worker.md#callers-transactions). The worker's batch (COMPLETE_HELD_JOBS,
+# complete_statement) never waits for the row of a job it completes: ``mine`` locks them first
+# with SKIP LOCKED, and a job whose row a caller's transaction holds (a select_for_update(), a
+# signal or cancel whose deferred trigger ran early, a workflow linking a dependent to it) is
+# left out; its id is missing from the answer, the worker reads it back (still running under
+# this claim) and writes it again later, while every other job of the batch is done now. An
+# atomic handler's own completion (COMPLETE_JOBS, complete_ending) runs on the handler's thread
+# inside its transaction, and waits for the row as any statement there does.
+_COMPLETE = """
 WITH commit_mode AS MATERIALIZED (
     SELECT set_config('synchronous_commit',
                       COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
-),
+),{MINE}
 completed AS (
     UPDATE dbqueue_job AS j
     SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
@@ -110,7 +117,7 @@ completed AS (
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[])
              AS c(id, token, result),
          commit_mode
-    WHERE j.id = c.id AND j.lease_token = c.token AND j.state = %(running)s
+    WHERE j.id = c.id AND j.lease_token = c.token AND j.state = %(running)s{ONLY_MINE}
     RETURNING j.id, j.dependents, j.cancel_requested_at IS NULL AS done, j.cancelled_by
 ),
 counts AS MATERIALIZED (
@@ -157,11 +164,28 @@ SELECT (SELECT json_agg(id) FROM completed WHERE done)::text,
               FROM completed HAVING count(*) > 0) AS f(finished)
         WHERE {RESULT_WAITED})
 """.replace("{RESULT_WAITED}", RESULT_WAITED)
+
+_MINE = """
+mine AS MATERIALIZED (
+    SELECT j.id
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS m(id, token)
+    JOIN dbqueue_job AS j ON j.id = m.id AND j.lease_token = m.token
+    WHERE j.state = %(running)s
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),"""
+COMPLETE_JOBS = _COMPLETE.replace("{MINE}", "").replace("{ONLY_MINE}", "")  # not on a Session
+COMPLETE_HELD_JOBS = PlannedOnce(
+    _COMPLETE.replace("{MINE}", _MINE).replace(
+        "{ONLY_MINE}", "\n      AND c.id IN (SELECT id FROM mine)"
+    )
 )
 
 
-def complete_statement(acks, *, async_commit=False, channel=None):
-    """:func:`complete`'s statement and parameters, for a Session's ``execute_pipelined``."""
+def complete_statement(acks, *, async_commit=False, channel=None, wait=False):
+    """The worker's batched completion (COMPLETE_HELD_JOBS: a job whose row another transaction
+    holds is left out, not waited for) and its parameters, for a Session's
+    ``execute_pipelined``; with ``wait``, :func:`complete`'s (COMPLETE_JOBS)."""
     if channel is None:
         from ..conf import get_settings
 
@@ -176,7 +200,7 @@ def complete_statement(acks, *, async_commit=False, channel=None):
         "commit": _commit(async_commit),
         "channel": channel,
     }
-    return COMPLETE_JOBS, params
+    return (COMPLETE_JOBS if wait else COMPLETE_HELD_JOBS), params
 
 
 def completed_ids(rows):
@@ -211,7 +235,15 @@ def fail(using, *, job_id, token, error, delay, dead=False):
 # cancelled job is neither retried nor a dead letter (docs/concepts/cancelling.md). No timestamp
 # comes back: a dead job keeps its run_after, which may be one Python cannot read (a row written
 # by hand that the worker fails as unreadable), and a typed one would fail the reply.
+# The worker writes it on its only connection: the row is locked first with SKIP LOCKED, so a
+# row a caller's transaction holds matches nothing instead of holding up every other lease; the
+# worker reads it back (still running under this claim) and writes it again later.
 FAIL_JOB = """
+WITH mine AS MATERIALIZED (
+    SELECT id FROM dbqueue_job
+    WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+    FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE dbqueue_job
 SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                  WHEN %(dead)s OR attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
@@ -221,7 +253,7 @@ SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                      THEN run_after ELSE now() + %(delay)s * interval '1 second' END,
     leased_until = NULL,
     errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
-WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+WHERE id = (SELECT id FROM mine)
 RETURNING state, cancelled_by,
           CASE WHEN state <> 'pending' AND {RESULT_WAITED}
                THEN pg_notify(%(channel)s::text || '.done', id::text) END
@@ -248,13 +280,19 @@ def fail_job(using, *, job_id, token, error, delay, dead=False):
 # A run that stopped because it was cancelled: the handler raised JobCancelled (through
 # ctx.raise_if_cancelled() or of its own accord: then "handler" is recorded as who cancelled
 # it), an async handler's task was cancelled, or the worker learned of the cancel before the
-# run started and never started it. Fenced like the rest; durable like a failure.
+# run started and never started it. Fenced like the rest; durable like a failure. SKIP LOCKED
+# like FAIL_JOB.
 END_CANCELLED = """
+WITH mine AS MATERIALIZED (
+    SELECT id FROM dbqueue_job
+    WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+    FOR NO KEY UPDATE SKIP LOCKED
+)
 UPDATE dbqueue_job
 SET state = 'cancelled', finished_at = now(), leased_until = NULL,
     cancel_requested_at = COALESCE(cancel_requested_at, now()),
     cancelled_by = COALESCE(cancelled_by, %(by)s)
-WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+WHERE id = (SELECT id FROM mine)
 RETURNING state, cancelled_by,
           CASE WHEN {RESULT_WAITED} THEN pg_notify(%(channel)s::text || '.done', id::text) END
 """.replace("{RESULT_WAITED}", RESULT_WAITED)

@@ -7,9 +7,11 @@ the race is held open by the test (a gate the handler waits on, a hook at the st
 import threading
 
 import pytest
+from django.db import connection
 
 from django_dbqueue import cancel, enqueue_many, job, registry, store
 from django_dbqueue.store.batches import CLAIM_MORE_OF_TYPE
+from django_dbqueue.sweeper import Sweeper
 from django_dbqueue.worker import Worker
 from tests.integration.conftest import FAST
 from tests.utils import job_row, scalar, wait_until
@@ -158,16 +160,29 @@ def test_operators_and_the_sweeper_on_jobs_of_a_running_batch_touch_only_those_j
         assert len(calls[0]) == 6
         token = job_row(a)["lease_token"]
         assert cancel(a)[a] == "cancelling"
-        # The sweeper takes B, C, D back (their 1 s leases end, no beat renews them in time).
-        wait_until(
-            lambda: (
+
+        # The sweeper takes B, C, D back (their 1 s leases end, no beat renews them in time),
+        # as another worker's does once this one looks gone: its registry row stale (the
+        # sweeper leaves a live worker's expired leases to it; docs/concepts/worker.md).
+        def swept():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE dbqueue_worker SET stale_at = now() - interval '1 second' "
+                    "WHERE worker_id = %s",
+                    [worker.worker_id],
+                )
+            Sweeper(worker.using).rescue()
+            return (
                 scalar(
                     "SELECT count(*) FROM dbqueue_job WHERE id = ANY(%s) AND lease_token "
                     "IS DISTINCT FROM %s",
                     [with_short_lease, token],
                 )
                 == 3
-            ),
+            )
+
+        wait_until(
+            swept,
             timeout=15,
             message="the sweeper to take B, C and D back",
         )

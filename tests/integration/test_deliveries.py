@@ -109,9 +109,16 @@ def test_retry_after_a_definite_failure_sends_once(start_worker):
 
 
 def _expire_and_sweep(job_id):
+    """The job's lease runs out and its worker looks gone (its registry row stale: the sweeper
+    leaves a live worker's expired leases to it), so a sweeper takes the job back."""
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE dbqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s",
+            [job_id],
+        )
+        cursor.execute(
+            "UPDATE dbqueue_worker SET stale_at = now() - interval '1 second' "
+            "WHERE worker_id = (SELECT worker_id FROM dbqueue_job WHERE id = %s)",
             [job_id],
         )
     assert Sweeper("default").run_once()["rescued"] == 1

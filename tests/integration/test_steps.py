@@ -226,7 +226,7 @@ def test_a_step_recorded_in_an_open_transaction_keeps_the_job_from_being_taken_o
 
     job_id = enqueue("noop", {}).id
     _hold(job_id, 1)
-    sweep = {"limit": 100, "base": 0.1, "factor": 2.0, "cap": 1.0}
+    sweep = {"limit": 100, "base": 0.1, "factor": 2.0, "cap": 1.0, "worker": None, "known": "{}"}
     zombie = _ctx(job_id, token=1)
     with psycopg.connect(**_params(), autocommit=True) as sweeper:
         with transaction.atomic():

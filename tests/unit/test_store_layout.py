@@ -47,7 +47,7 @@ def test_only_the_claims_and_the_completion_are_planned_once():
         }
     assert planned == {
         "claiming.CLAIM_JOBS",
-        "completion.COMPLETE_JOBS",
+        "completion.COMPLETE_HELD_JOBS",
         "fair.CLAIM_FAIR",
         "fair.CLAIM_MORE_FAIR",
     }
