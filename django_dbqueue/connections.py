@@ -382,8 +382,11 @@ class Session:
 # Per mode, what the Session runs to switch to it. The generic plans are made with sequential
 # scans priced out (enable_seqscan, which only prices them, never forbids them): the plan is
 # made once, often while the table is small (a fresh install, a quiet hour), and must stay
-# right when it holds a backlog of millions. Both PlannedOnce statements reach their rows
-# through an index at every size. Every other statement runs with the session's own settings.
+# right when it holds a backlog of millions. Pricing out the sequential scan is not enough: a plan
+# made on a small table can still walk a whole index with a filter. So each PlannedOnce statement
+# also names its rows by an index condition (the claim's ``id = ANY(...)``, the completion's, the
+# fair claim's key probes), and tests/integration/test_plans.py checks the condition is there.
+# Every other statement runs with the session's own settings.
 _PLAN_MODE = {
     False: ("SET plan_cache_mode TO force_custom_plan", "RESET enable_seqscan"),
     True: ("SET plan_cache_mode TO force_generic_plan", "SET enable_seqscan TO off"),

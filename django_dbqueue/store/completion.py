@@ -96,7 +96,12 @@ RESULT_WAITED = (
 # table is next analyzed (PostgreSQL plans it again then; autovacuum analyzes once a tenth of the
 # rows changed, by default). The primary key, one probe per id, is the plan at every size
 # (tests/integration/test_plans.py); the trigger's and dbqueue_release_late()'s statements, planned
-# under the same mode, match theirs the same way (migration 0013).
+# under the same mode, match theirs the same way (migration 0013). The join to unnest() alone did
+# not make it so: a plan made on a table of a few hundred rows (a worker started before its queue
+# filled) hashed the ids and walked the whole primary key, done rows included, at every batch
+# (about 4x the server CPU per job; benchmarks/results/2026-12-06-drain-two-ways.md). Hence
+# ``j.id = ANY(%(ids)s)`` beside the join, in ``completed`` and in ``mine``: an index condition on
+# the primary key whatever the plan, as the claim's UPDATE has.
 # Two texts (docs/concepts/worker.md#callers-transactions). The worker's batch (COMPLETE_HELD_JOBS,
 # complete_statement) never waits for the row of a job it completes: ``mine`` locks them first
 # with SKIP LOCKED, and a job whose row a caller's transaction holds (a select_for_update(), a
@@ -117,7 +122,8 @@ completed AS (
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[])
              AS c(id, token, result),
          commit_mode
-    WHERE j.id = c.id AND j.lease_token = c.token AND j.state = %(running)s{ONLY_MINE}
+    WHERE j.id = ANY(%(ids)s::bigint[])
+      AND j.id = c.id AND j.lease_token = c.token AND j.state = %(running)s{ONLY_MINE}
     RETURNING j.id, j.dependents, j.cancel_requested_at IS NULL AS done, j.cancelled_by
 ),
 counts AS MATERIALIZED (
@@ -170,7 +176,7 @@ mine AS MATERIALIZED (
     SELECT j.id
     FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS m(id, token)
     JOIN dbqueue_job AS j ON j.id = m.id AND j.lease_token = m.token
-    WHERE j.state = %(running)s
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = %(running)s
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),"""

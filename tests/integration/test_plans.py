@@ -187,18 +187,61 @@ def test_claim_and_completion_plans_made_once_fit_every_table(state, batch):
     assert_completed_by_primary_key(completion_plan)
 
 
+def probes(plan, index):
+    """The scans of ``index`` in ``plan`` that look up a key (an ``Index Cond``), as opposed to
+    a walk of the whole index with a filter, which a plan made on a small table can be."""
+    found = []
+    if plan.get("Index Name") == index and "Index Cond" in plan:
+        found.append(plan["Index Cond"])
+    for child in plan.get("Plans", ()):
+        found.extend(probes(child, index))
+    return found
+
+
 def assert_completed_by_primary_key(completion_plan):
     """The completed rows (the ``completed`` UPDATE, which runs for every batch; the rest of the
-    statement only for workflow jobs) are found by primary key, one probe per id: never by a
-    walk of the running jobs or of the table."""
-    completed = subplan(completion_plan, "CTE completed")
-    assert completed is not None, completion_plan
-    found = [s for s in scans(completed) if s[1] == "dbqueue_job"]
-    assert found, completed
-    for node, _, index in found:
-        assert node != "Seq Scan", completed
-        assert index != "dbqueue_job_lease_idx", completed
-    assert ("Index Scan", "dbqueue_job", "dbqueue_job_pkey") in found, completed
+    statement only for workflow jobs) are found by primary key, probed for the ids (an index
+    condition, by index or bitmap scan): never by a walk of the running jobs, of the table, or
+    of the whole primary key. The same for ``mine``, the worker's lock of the rows first."""
+    for name in ("CTE completed", "CTE mine"):
+        part = subplan(completion_plan, name)
+        if part is None and name == "CTE mine":
+            continue  # COMPLETE_JOBS, an atomic handler's, has no ``mine``
+        assert part is not None, completion_plan
+        found = [s for s in scans(part) if s[1] == "dbqueue_job"]
+        assert found, part
+        for node, _, index in found:
+            assert node != "Seq Scan", part
+            assert index != "dbqueue_job_lease_idx", part
+        assert any("id" in cond for cond in probes(part, "dbqueue_job_pkey")), part
+
+
+def test_a_completion_planned_while_the_queue_fills_probes_the_ids():
+    # A worker started before its queue fills (the second drain harness of issue 37) makes its
+    # generic plan on a small table, with the statistics it has then (a hundred rows here); the
+    # plan is kept while the table grows, as long as nothing analyzes it (autovacuum off, or not
+    # yet due). Joined to unnest() alone, the completion then walked the whole primary key at
+    # every batch (benchmarks/results/2026-12-06-drain-two-ways.md).
+    fill(100)
+    analyze()
+    explained = Explained()
+    try:
+        for _ in range(7):  # made and kept while the table is small and never analyzed
+            token = store.new_token()
+            rows, _ = claim(explained, 10, token)
+            complete(explained, store.claimed_rows(rows), token)
+            fill(10)
+        fill(20_000)  # no ANALYZE: the plan stays
+        token = store.new_token()
+        rows, _ = claim(explained, 50, token)
+        claimed = store.claimed_rows(rows)
+        assert len(claimed) == 50
+        rows, completion_plan = complete(explained, claimed, token)
+        assert set(store.completed_endings(rows)) == {row.id for row in claimed}
+        assert prepared_plans(explained.session) == {"claim": (8, 0), "complete": (8, 0)}
+    finally:
+        explained.close()
+    assert_completed_by_primary_key(completion_plan)
 
 
 def test_a_plan_made_on_a_small_table_still_finds_the_rows_of_a_big_one():
