@@ -1,0 +1,257 @@
+"""A hostile review of the SQL doors of issue 35 (migration 0026, docs/sql.md "Privileges"):
+what a role with exactly the documented producer grants, CREATE on public and TEMP can still do
+to other callers. Each finding is an xfail(strict=True) test: it passes once the finding is
+fixed, and then the marker must go.
+
+The producer is a role of its own, connected as itself (no SET ROLE: nothing of the superuser's
+session is left to it), with EXECUTE on dbqueue_enqueue() and dbqueue_enqueue_many() (the
+documented producer grant), CREATE on public (PostgreSQL's default before 15, and what the
+hardening of 0026 was written against) and TEMP (PUBLIC's default on a database). Its victims
+are the other callers: a superuser running the calls docs/sql.md shows, the application's
+trigger, and publish()/replay_event() on Django's connection.
+"""
+
+import contextlib
+import hashlib
+
+import psycopg
+import pytest
+from django.db import IntegrityError, connection, transaction
+
+from django_dbqueue import publish, replay_event
+from django_dbqueue.connections import connection_params
+from tests.utils import job_row, scalar
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PRODUCER_GRANT = (
+    "GRANT EXECUTE ON FUNCTION dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval,"
+    " int, double precision, text, text, text, boolean, text), dbqueue_enqueue_many(jsonb)"
+    " TO {role}"
+)
+
+
+class Session:
+    """An autocommit psycopg connection that keeps the notices it receives."""
+
+    def __init__(self, **params):
+        self.conn = psycopg.connect(**params, autocommit=True)
+        self.notices = []
+        self.conn.add_notice_handler(lambda diag: self.notices.append(diag.message_primary))
+
+    def run(self, sql, params=None):
+        cur = self.conn.execute(sql, params, prepare=False)
+        return cur.fetchall() if cur.description else None
+
+    def close(self):
+        self.conn.close()
+
+
+def _role():
+    digest = hashlib.md5(connection.settings_dict["NAME"].encode()).hexdigest()[:10]
+    return f"dbq_review_producer_{digest}"
+
+
+@pytest.fixture
+def owner():
+    """A superuser session: the owner of the functions, as an operator or a worker connects."""
+    session = Session(**connection_params("default"))
+    yield session
+    session.close()
+
+
+@pytest.fixture
+def producer(owner):
+    """A session of a role with exactly the producer's grants, CREATE on public and TEMP."""
+    role = _role()
+    password = hashlib.sha256(role.encode()).hexdigest()
+    with contextlib.suppress(psycopg.Error):
+        owner.run(f"DROP OWNED BY {role} CASCADE")
+    owner.run(f"DROP ROLE IF EXISTS {role}")
+    owner.run(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    owner.run(f"GRANT CREATE ON SCHEMA public TO {role}")
+    owner.run(PRODUCER_GRANT.format(role=role))
+    session = Session(**{**connection_params("default"), "user": role, "password": password})
+    session.role = role
+    # What the producer's planted functions record: who ran them. Owned by the producer,
+    # writable by anybody, so a body running as its victim can write it.
+    session.run("CREATE TABLE public.dbq_review_ran (what text, by_user name)")
+    session.run("GRANT INSERT, SELECT ON public.dbq_review_ran TO PUBLIC")
+    try:
+        yield session
+    finally:
+        session.close()
+        owner.run(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [role]
+        )
+        owner.run(f"DROP OWNED BY {role} CASCADE")
+        owner.run(f"DROP ROLE {role}")
+
+
+def ran_as(owner):
+    return owner.run("SELECT what, by_user::text FROM public.dbq_review_ran ORDER BY 1")
+
+
+# -- finding 1: an overload planted in public runs as whoever makes the documented calls -----------
+
+HIJACKS = """
+CREATE FUNCTION public.dbqueue_enqueue(job_type text, payload text) RETURNS bigint
+LANGUAGE plpgsql AS $b$
+BEGIN
+    INSERT INTO public.dbq_review_ran VALUES ('dbqueue_enqueue(text, text)', current_user);
+    RETURN -1;
+END $b$;
+CREATE FUNCTION public.dbqueue_enqueue_many(jobs text) RETURNS bigint[]
+LANGUAGE plpgsql AS $b$
+BEGIN
+    INSERT INTO public.dbq_review_ran VALUES ('dbqueue_enqueue_many(text)', current_user);
+    RETURN '{}';
+END $b$;
+CREATE FUNCTION public.dbqueue_debounce(job_type text, payload text, unique_key text,
+                                        delay interval)
+RETURNS bigint LANGUAGE plpgsql AS $b$
+BEGIN
+    INSERT INTO public.dbq_review_ran VALUES ('dbqueue_debounce(text, text, text, interval)',
+                                              current_user);
+    RETURN -1;
+END $b$;
+"""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 1: an overload in public with text for the payload is a better match than "
+    "ours for a call with an untyped literal (the form docs/sql.md shows), so the producer's "
+    "function runs with the caller's rights; docs/sql.md says such a role can only make a call "
+    "ambiguous ('an error, not its code run')",
+)
+def test_a_producers_overload_never_runs_as_the_caller_of_the_documented_calls(owner, producer):
+    producer.run(HIJACKS)
+    # The calls as docs/sql.md writes them (its error example, its debounce example, and a
+    # psql-style batch), made by a superuser, whose session's search_path is the default one.
+    [(job_id,)] = owner.run("""SELECT dbqueue_enqueue('noop', '{"a": 1}')""")
+    [(ids,)] = owner.run("""SELECT dbqueue_enqueue_many('[["noop", {"b": 2}]]')""")
+    [(debounced,)] = owner.run(
+        """SELECT dbqueue_debounce('noop', '{"shop": 7}', 'reindex:7',
+                                   delay => interval '30 seconds')"""
+    )
+    assert ran_as(owner) == []  # no body of the producer's ran, as anybody
+    assert job_row(job_id)["payload"] == {"a": 1}
+    assert [job_row(i)["payload"] for i in ids] == [{"b": 2}]
+    assert job_row(debounced)["unique_key"] == "reindex:7"
+    assert not owner.run("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [producer.role])[0][0]
+
+
+# -- finding 2: an overload with the trigger's own signature makes every INSERT of the table fail --
+
+TRIGGER = """
+CREATE TABLE public.dbq_review_order (id bigint PRIMARY KEY);
+CREATE FUNCTION public.dbq_review_order_created() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM dbqueue_enqueue(
+        'send-order-confirmation',
+        jsonb_build_object('order_id', NEW.id),
+        queue => 'emails',
+        idempotency_key => 'order-confirmation:' || NEW.id
+    );
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER dbq_review_order_created AFTER INSERT ON public.dbq_review_order
+FOR EACH ROW EXECUTE FUNCTION public.dbq_review_order_created();
+"""
+
+
+@pytest.fixture
+def shop_trigger(owner):
+    owner.run(TRIGGER)
+    yield
+    owner.run("DROP TABLE IF EXISTS public.dbq_review_order")
+    owner.run("DROP FUNCTION IF EXISTS public.dbq_review_order_created()")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 2: a producer's dbqueue_enqueue(text, jsonb, text, text) in public makes "
+    "the trigger of docs/sql.md ambiguous ('function ... is not unique'): every INSERT into "
+    "the application's table fails, not only its enqueue (documented as 'an error', unranked)",
+)
+def test_a_producers_overload_does_not_make_the_documented_trigger_fail(
+    owner, producer, shop_trigger
+):
+    with connection.cursor() as cursor:  # the trigger works (another session than owner's,
+        cursor.execute("INSERT INTO public.dbq_review_order VALUES (1)")  # which caches no plan)
+    producer.run(
+        """
+        CREATE FUNCTION public.dbqueue_enqueue(job_type text, payload jsonb, queue text,
+                                               idempotency_key text)
+        RETURNS bigint LANGUAGE sql AS $b$ SELECT -1::bigint $b$
+        """
+    )
+    owner.run("INSERT INTO public.dbq_review_order VALUES (2)")  # ambiguous: refused today
+    assert (
+        scalar(
+            "SELECT count(*) FROM dbqueue_job WHERE idempotency_key LIKE 'order-confirmation:%%'"
+        )
+        == 2
+    )
+
+
+# -- finding 3: the package's own idempotency keys are in the producers' namespace ----------------
+
+
+def _next_event_id():
+    return scalar(
+        "SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END "
+        "FROM dbqueue_event_id_seq"
+    )
+
+
+def _plant(producer, key):
+    """The producer takes ``key`` with a job of its own choosing (type and payload)."""
+    return producer.run(
+        "SELECT dbqueue_enqueue('noop', '{\"planted\": true}'::jsonb, idempotency_key => %s)",
+        [key],
+    )[0][0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=IntegrityError,
+    reason="finding 3a: a producer that takes 'dbqueue:event:<next id>:<subscriber>' (event ids "
+    "are a sequence) makes publish() fail with IntegrityError: the application's transaction "
+    "that publishes rolls back (store/events.py PUBLISH_EVENT inserts with no ON CONFLICT)",
+)
+def test_a_producer_cannot_make_publish_fail_by_taking_an_event_key(producer):
+    first = _next_event_id()
+    for event_id in range(first, first + 5):  # the next five events, for one subscriber
+        _plant(producer, f"dbqueue:event:{event_id}:email-on-paid")
+    with transaction.atomic():
+        event = publish("test.invoice.paid", {"invoice": 7})
+    assert sorted(job.type for job in event.jobs) == [
+        "email-on-paid",
+        "flaky-on-paid",
+        "ledger-on-paid",
+    ]
+    for job in event.jobs:
+        row = job_row(job.id)
+        assert (row["type"], row["event_id"], row["payload"]) == (
+            job.type,
+            event.id,
+            {"invoice": 7},
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 3b: a producer that takes 'dbqueue:event:<id>:<type>' makes replay_event() "
+    "return no job for that subscriber, silently, while its planted job (any type, any "
+    "payload) stands in (store/events.py REPLAY_EVENT's ON CONFLICT DO NOTHING)",
+)
+def test_a_producer_cannot_make_a_replay_skip_a_subscriber(producer):
+    event = publish("test.invoice.paid", {"invoice": 8})
+    planted = _plant(producer, f"dbqueue:event:{event.id}:late-subscriber")
+    made = replay_event(event.id, ["late-subscriber"])
+    assert [job.type for job in made] == ["late-subscriber"]
+    assert made[0].id != planted
+    assert job_row(made[0].id)["event_id"] == event.id
