@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from django_dbqueue import publish, replay_event
+from django_dbqueue import enqueue, publish, replay_event
 from django_dbqueue.connections import connection_params
 from tests.utils import job_row, scalar
 
@@ -255,3 +255,52 @@ def test_a_producer_cannot_make_a_replay_skip_a_subscriber(producer):
     assert [job.type for job in made] == ["late-subscriber"]
     assert made[0].id != planted
     assert job_row(made[0].id)["event_id"] == event.id
+
+
+# -- finding 9: the debounce grant brings another producer's job forward, not only back ----------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 9: docs/sql.md says the dbqueue_debounce() grant lets a role 'push back the "
+    "run_after' of another producer's pending job; it sets it to any time, earlier included, "
+    "so a job scheduled for next month runs now (dbqueue_enqueue_row's DO UPDATE)",
+)
+def test_the_debounce_grant_only_pushes_another_producers_job_back(owner, producer):
+    owner.run(
+        "GRANT EXECUTE ON FUNCTION dbqueue_debounce(text, jsonb, text, text, int, timestamptz,"
+        f" interval, int, double precision, text) TO {producer.role}"
+    )
+    job = enqueue(
+        "noop",
+        {"report": "monthly"},
+        unique_key="monthly-report",
+        unique_while="pending",
+        delay=30 * 86400,
+    )
+    before = job_row(job.id)["run_after"]
+    [(same,)] = producer.run(
+        "SELECT dbqueue_debounce('noop', '{}'::jsonb, 'monthly-report', run_after => now())"
+    )
+    assert same == job.id
+    assert job_row(job.id)["run_after"] >= before
+
+
+# -- finding 10: a run_after offset PostgreSQL refuses is not the function's named refusal ------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 10: dbqueue_enqueue_many() lets a run_after with an offset of +16:00 past "
+    "its ISO check, and PostgreSQL's own 'time zone displacement out of range' (22009) comes "
+    "out, naming neither the function nor the item (its EXCEPTION clause omits "
+    "invalid_time_zone_displacement_value)",
+)
+def test_enqueue_many_names_the_item_of_an_offset_out_of_range(producer):
+    with pytest.raises(psycopg.Error) as caught:
+        producer.run(
+            "SELECT dbqueue_enqueue_many(%s::jsonb)",
+            ['[{"type": "noop"}, {"type": "noop", "run_after": "2030-01-01T00:00:00+16:00"}]'],
+        )
+    assert caught.value.sqlstate == "22023"
+    assert str(caught.value).startswith("dbqueue_enqueue_many: jobs[1]: run_after")
