@@ -304,3 +304,35 @@ def test_enqueue_many_names_the_item_of_an_offset_out_of_range(producer):
         )
     assert caught.value.sqlstate == "22023"
     assert str(caught.value).startswith("dbqueue_enqueue_many: jobs[1]: run_after")
+
+
+# -- finding 11: refusing a deep payload copies it once per level -------------------------------
+
+TEMP_BYTES = "SELECT temp_bytes FROM pg_stat_database WHERE datname = current_database()"
+
+
+def _temp_bytes(owner, flushing):
+    """The database's temp_bytes, after ``flushing`` (a session) reported its statistics."""
+    flushing.run("SELECT pg_stat_force_next_flush()")
+    flushing.run("SELECT 1")  # the flush happens as this statement's transaction ends
+    return owner.run(TEMP_BYTES)[0][0]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 11: the refusal of a payload nested 101 deep walks it with "
+    "dbqueue_enqueue_payload_walk(), whose recursive CTE copies every subtree at every level "
+    "into a tuplestore: ~200x the payload in temporary files (a 2 MB payload: ~400 MB; 10 MB: "
+    "26 s), to print the first two steps of the path",
+)
+def test_refusing_a_deep_payload_costs_about_its_size(owner, producer):
+    producer.run("SET work_mem = '4MB'")  # the default, whatever the server's is
+    deep = "('{\"a\":' || repeat('[', 101) || '\"' || repeat('x', 2000000) || '\"' || " + (
+        "repeat(']', 101) || '}')::jsonb"
+    )
+    size = producer.run(f"SELECT pg_column_size({deep})")[0][0]
+    before = _temp_bytes(owner, producer)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="nested more than 100"):
+        producer.run(f"SELECT dbqueue_enqueue('noop', {deep})")
+    written = _temp_bytes(owner, producer) - before
+    assert written < 10 * size, f"{written:,} bytes of temporary files for a {size:,}-byte payload"
