@@ -12,6 +12,7 @@ trigger, and publish()/replay_event() on Django's connection.
 """
 
 import contextlib
+import datetime
 import hashlib
 
 import psycopg
@@ -20,6 +21,7 @@ from django.db import IntegrityError, connection, transaction
 
 from django_dbqueue import enqueue, publish, replay_event
 from django_dbqueue.connections import connection_params
+from django_dbqueue.scheduler import Scheduler
 from tests.utils import job_row, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -255,6 +257,35 @@ def test_a_producer_cannot_make_a_replay_skip_a_subscriber(producer):
     assert [job.type for job in made] == ["late-subscriber"]
     assert made[0].id != planted
     assert job_row(made[0].id)["event_id"] == event.id
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 3c: a producer that takes 'dbqueue-schedule:<entry>:<tick>' (the tick is "
+    "plain arithmetic) replaces that periodic job by its own: the scheduler's enqueue() gets "
+    "the planted job back and records the tick as done (schedule.Schedule.key)",
+)
+def test_a_producer_cannot_stand_in_for_a_periodic_job(producer, settings):
+    settings.DBQUEUE = {
+        "QUEUES": {"default": {}},
+        "SCHEDULE": {
+            "hourly": {"every": 3600, "type": "echo", "payload": {"a": 1}, "catch_up": "all"}
+        },
+    }
+    Scheduler().run_once()  # first sight: the entry gets its row
+    with connection.cursor() as cursor:  # its last tick just before the latest whole hour
+        cursor.execute(
+            "UPDATE dbqueue_schedule SET last_tick = to_timestamp("
+            "floor(extract(epoch FROM now()) / 3600) * 3600 - 1) WHERE name = 'hourly' "
+            "RETURNING last_tick + interval '1 second'"
+        )
+        tick = cursor.fetchone()[0]
+    key = f"dbqueue-schedule:hourly:{tick.astimezone(datetime.UTC).isoformat()}"
+    planted = _plant(producer, key)
+    Scheduler().run_once()
+    row = job_row(scalar("SELECT id FROM dbqueue_job WHERE idempotency_key = %s", [key]))
+    assert row["id"] != planted
+    assert (row["type"], row["payload"]) == ("echo", {"a": 1})
 
 
 # -- finding 9: the debounce grant brings another producer's job forward, not only back ----------
