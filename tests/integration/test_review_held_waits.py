@@ -95,7 +95,7 @@ def expire(job_id, seconds_ago):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="finding 2: one expired job whose waiting dependent a caller holds fails the whole "
+    reason="finding 4: one expired job whose waiting dependent a caller holds fails the whole "
     "RESCUE_EXPIRED batch at lock_timeout (store/leases.py), so no sweeper takes back any "
     "expired lease while the caller holds the row",
 )
@@ -131,7 +131,7 @@ def test_a_held_dependent_does_not_stop_the_sweeper_taking_back_other_expired_le
 
 @pytest.mark.xfail(
     strict=True,
-    reason="finding 1: a batch of completions whose workflow dependent a caller holds waits "
+    reason="finding 2: a batch of completions whose workflow dependent a caller holds waits "
     "lock_timeout once for the batch and once more per job at every retry "
     "(acks.Acknowledger._write_done narrowing), holding the worker's only connection",
 )
