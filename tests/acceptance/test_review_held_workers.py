@@ -6,7 +6,6 @@ Each test is a finding, marked ``xfail(strict=True)``: it documents the bug and 
 ("XPASS strict") once the bug is fixed, so that the mark is taken off with the fix."""
 
 import contextlib
-import os
 
 import psycopg
 import pytest
@@ -15,7 +14,7 @@ from django_dbqueue import enqueue, workflow
 from django_dbqueue.connections import connection_params
 from django_dbqueue.models import BackgroundJob
 from django_dbqueue.sweeper import Sweeper
-from tests.acceptance.helpers import effects, enqueue_jobs, rows, states, wait_all_in_state
+from tests.acceptance.helpers import effects, enqueue_jobs, states, wait_all_in_state
 from tests.acceptance.settings_fast import FAST_DBQUEUE
 from tests.acceptance.test_caller_locks import (
     Caller,
@@ -140,7 +139,7 @@ def test_a_held_join_of_a_fan_in_does_not_cost_the_other_jobs_their_leases(start
             timeout=6 * LEASE,
             message="the long jobs' leases renewed past two leases while the caller holds",
         )
-        assert "its row is locked by another transaction" in worker1.stderr()  # put off
+        assert states(parent_ids)["running"] == 40  # run, their completions put off
     wait_all_in_state([*parent_ids, join_id], "done", timeout=10 * LEASE)
     others_flag.touch()
     wait_all_in_state(others, "done", timeout=6 * LEASE)
@@ -176,27 +175,28 @@ def test_a_restart_in_place_keeps_the_outcome_it_hands_over(start_worker, tmp_pa
     target = enqueue("slow-record", {"seconds": 120, "until_file": str(flag)}).id
     worker = start_worker("--concurrency", "2", settings=RESTART_SETTINGS)
     wait_until(lambda: ran_once([target]), timeout=30, message="the job running")
-    caller = psycopg.connect(**connection_params("default"))
-    caller.execute("SELECT 1 FROM dbqueue_job WHERE id = %s FOR UPDATE", [target])
-    flag.touch()
-    worker.wait_for_output("its row is locked by another transaction", timeout=30)
-    worker_id = job_row(target)["worker_id"]
-    for n in range(3):  # two threads: the third one hung past its timeout gives up
-        enqueue(
-            "serial-hang",
-            {"account": f"acct-{n}", "until_file": str(tmp_path / "never")},
-            max_attempts=1,
-        )
-    worker.wait_for_output("restarting in place", stream="stdout", timeout=60)
-    # The old image is gone (exec'd); the new one waits at the gate, not yet in the registry.
-    assert rows("SELECT count(*) FROM dbqueue_worker WHERE worker_id = %s", [worker_id]) == [(0,)]
-    assert job_row(target)["state"] == "running"
-    caller.execute(
-        "UPDATE dbqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s",
-        [target],
-    )  # its lease ran out while the caller held the row (it did, or does within LEASE)
-    caller.commit()
-    caller.close()
+    # The caller's transaction: rolled back and closed should the test fail while it holds.
+    with psycopg.connect(**connection_params("default")) as caller:
+        caller.execute("SELECT 1 FROM dbqueue_job WHERE id = %s FOR UPDATE", [target])
+        flag.touch()
+        worker.wait_for_output("its row is locked by another transaction", timeout=30)
+        worker_id = job_row(target)["worker_id"]
+        for n in range(3):  # two threads: the third one hung past its timeout gives up
+            enqueue(
+                "serial-hang",
+                {"account": f"acct-{n}", "until_file": str(tmp_path / "never")},
+                max_attempts=1,
+            )
+        worker.wait_for_output("restarting in place", stream="stdout", timeout=60)
+        # The old image stopped (and, today, deleted its registry row: shut_down's withdraw);
+        # the new one waits at the gate and has run no statement yet.
+        assert job_row(target)["state"] == "running"
+        assert job_row(target)["worker_id"] == worker_id
+        caller.execute(
+            "UPDATE dbqueue_job SET leased_until = now() - interval '1 second' WHERE id = %s",
+            [target],
+        )  # its lease ran out while the caller held the row (it did, or does within LEASE)
+        caller.commit()
     Sweeper().rescue()  # another worker's sweep, before the new image's first pass
 
     swept = job_row(target)
@@ -205,7 +205,6 @@ def test_a_restart_in_place_keeps_the_outcome_it_hands_over(start_worker, tmp_pa
     worker.wait_for_output("restarted in place", stream="stdout", timeout=60)
     wait_all_in_state([target], "done", timeout=6 * LEASE)
     assert len(effects([target])) == 1, effects([target])
-    assert os.path.exists(gate)
 
 
 @pytest.mark.xfail(
