@@ -78,6 +78,9 @@ RESULT_WAITED = (
 #   and those seen in any other state (pending, running, finished) need nothing.
 # - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row,
 #   and the function is not called.
+# - A count written by hand lower than the dependencies completed here stops at 0 (the job is
+#   released), rather than going negative: the CHECK on waiting_on would fail the whole batch,
+#   every job in it, at every try (issue 35).
 # Cancelling (docs/concepts/cancelling.md): a job whose cancel was asked for while it ran carries
 # cancel_requested_at, and its success ends it ``cancelled`` with the result kept. One CASE on a
 # column that is NULL for every other job, in the same statement, so the completion of an
@@ -140,9 +143,9 @@ locked AS MATERIALIZED (
 ),
 released AS (
     UPDATE dbqueue_job AS d
-    SET waiting_on = d.waiting_on - n.n,
-        state = CASE WHEN d.waiting_on = n.n THEN 'pending' ELSE 'waiting' END,
-        run_after = CASE WHEN d.waiting_on = n.n THEN GREATEST(d.run_after, now())
+    SET waiting_on = GREATEST(d.waiting_on - n.n, 0),
+        state = CASE WHEN d.waiting_on <= n.n THEN 'pending' ELSE 'waiting' END,
+        run_after = CASE WHEN d.waiting_on <= n.n THEN GREATEST(d.run_after, now())
                          ELSE d.run_after END
     FROM counts AS n
     WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state = %(waiting)s
@@ -328,7 +331,7 @@ SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                             OR created_at < now() - %(grace)s * interval '1 second' THEN now() END,
     attempts = CASE WHEN cancel_requested_at IS NOT NULL
                          OR created_at < now() - %(grace)s * interval '1 second'
-                    THEN attempts ELSE attempts - 1 END,
+                    THEN attempts ELSE GREATEST(attempts - 1, 0) END,
     run_after = CASE WHEN cancel_requested_at IS NOT NULL
                           OR created_at < now() - %(grace)s * interval '1 second' THEN run_after
                      ELSE now() + %(delay)s * interval '1 second' END,
@@ -379,7 +382,8 @@ SNOOZE_JOB = """
 UPDATE dbqueue_job
 SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pending' END,
     finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
-    attempts = CASE WHEN cancel_requested_at IS NOT NULL THEN attempts ELSE attempts - 1 END,
+    attempts = CASE WHEN cancel_requested_at IS NOT NULL THEN attempts
+                    ELSE GREATEST(attempts - 1, 0) END,
     run_after = CASE WHEN cancel_requested_at IS NOT NULL THEN run_after
                      WHEN %(seen)s::int IS NOT NULL AND signal_seq <> %(seen)s::int THEN now()
                      ELSE GREATEST(now(), COALESCE(%(until)s::timestamptz,

@@ -85,7 +85,8 @@ def release(using, held):
 
 # Graceful shutdown: hand jobs back without spending the attempt the claim took (jobs never
 # started, and runs still going after the grace: docs/concepts/shutdown.md). Fenced like the
-# rest. A job whose cancel was asked for is not handed back: it ends cancelled (the SET
+# rest. (The count stops at 0: a running row whose attempts were written 0 by hand would make
+# it negative, and the CHECK on attempts would fail the release of every job in the batch.) A job whose cancel was asked for is not handed back: it ends cancelled (the SET
 # expressions read the row's old values).
 # It never waits for a row lock: the rows are locked first with SKIP LOCKED, and one that a
 # caller's transaction holds comes back 'busy' (still this claim's in the statement's snapshot),
@@ -102,7 +103,7 @@ WITH mine AS MATERIALIZED (
 released AS (
     UPDATE dbqueue_job AS j
     SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
-        attempts = CASE WHEN j.cancel_requested_at IS NULL THEN j.attempts - 1
+        attempts = CASE WHEN j.cancel_requested_at IS NULL THEN GREATEST(j.attempts - 1, 0)
                         ELSE j.attempts END,
         finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
         leased_until = NULL,
@@ -154,7 +155,8 @@ WITH mine AS MATERIALIZED (
 released AS (
     UPDATE dbqueue_job
     SET state = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
-        attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
+        attempts = CASE WHEN cancel_requested_at IS NULL THEN GREATEST(attempts - 1, 0)
+                        ELSE attempts END,
         finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
         leased_until = NULL, worker_id = NULL, lease_token = NULL
     WHERE id = ANY(ARRAY(SELECT id FROM mine))
