@@ -613,6 +613,8 @@ def call_doors(attacker):
         f"SELECT {enqueue}('noop'::text, '{{\"a\": [1, 1.5, \"x\"]}}'::jsonb, 'emails'::text,"
         " 5, now() + interval '1 hour')",
         f"SELECT {enqueue}('noop'::text, delay => interval '5 minutes')",
+        f"SELECT {enqueue}('noop'::text, '[1, [\"x\"], 2.5]'::jsonb)",
+        f"SELECT {enqueue}('noop'::text, '\"text\"'::jsonb)",
         f"SELECT {enqueue}('noop'::text, idempotency_key => 'k1'::text)",
         f"SELECT {enqueue}('noop'::text, idempotency_key => 'k1'::text)",
         f"SELECT {enqueue}('noop'::text, unique_key => 'u1'::text)",
@@ -630,7 +632,6 @@ def call_doors(attacker):
     ]
     bad = [
         f"SELECT {enqueue}(NULL::text)",
-        f"SELECT {enqueue}('noop'::text, '[1]'::jsonb)",
         f"SELECT {enqueue}('noop'::text, queue => ''::text)",
         f"SELECT {enqueue}('noop'::text, priority => 500)",
         f"SELECT {enqueue}('noop'::text, run_after => now(), delay => interval '1 s')",
