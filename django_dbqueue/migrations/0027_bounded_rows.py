@@ -36,8 +36,10 @@
 # Python could. This installs again, whole, hardened as migration 0026 writes them (the pinned
 # path; our functions named with the schema of dbqueue_job, every argument of its declared
 # type): dbqueue_enqueue_check() without the object test, and dbqueue_enqueue() and
-# dbqueue_debounce() reading a null payload as {}. Migrating back installs 0026's texts of the
-# three again.
+# dbqueue_debounce() reading a null payload as {}. And dbqueue_wakeup_wanted(), whose text is
+# that of store.wakeups._wakeup_wanted() (which casts a varchar queue column to text: issue 35's
+# statements of the package, docs/concepts/security.md). Migrating back installs 0026's texts of
+# the four again.
 
 import datetime
 import importlib
@@ -57,14 +59,19 @@ TIMESTAMPS = (
     "leased_until",
     "cancel_requested_at",
 )
-LIVE = "state IN ('pending', 'waiting', 'running')"
+OTHER_TABLES = {}  # (none yet)
+LIVE = "state::text IN ('pending', 'waiting', 'running')"
 
+# The statements below run once, as the role that migrates; each call and operator in them is
+# one of pg_catalog's by its exact types or its schema (varchar columns cast to text, the
+# variadic jsonb builders qualified), so that nothing planted elsewhere runs with that role's
+# rights (migration 0026 says how).
 # One column's values out of bounds, replaced, each job's history told. {column}, {bad}: the
 # test of a bad value, {fixed}: the value put in its place, {wanted}: what the column holds.
 REPAIR_COLUMN = f"""
 UPDATE dbqueue_job
 SET {{column}} = {{fixed}},
-    errors = errors || jsonb_build_array(jsonb_build_object(
+    errors = errors || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
         'attempt', attempts,
         'class', 'UnreadableJob',
         'message', '{{column}}: ' || {{column}}::text || ' is not {{wanted}}; migration 0027 '
@@ -90,20 +97,51 @@ SET state = CASE WHEN cancel_requested_at IS NULL THEN 'dead' ELSE 'cancelled' E
 WHERE id = ANY(%s::bigint[]) AND {LIVE}
 """
 
-# The constraints, in one statement (one pass over the table to validate them).
+# Another table's times out of bounds, replaced by the nearest bound.
+CLAMP_COLUMN = """
+UPDATE {table} SET {column} = {fixed} WHERE {bad}
+"""
+
+
+def _in_bounds(column):
+    return (
+        f"{column} >= '{TIMESTAMP_MIN}'::timestamptz AND {column} <= '{TIMESTAMP_MAX}'::timestamptz"
+    )
+
+
+def _clamped(column):
+    return (
+        f"CASE WHEN {column} < '{TIMESTAMP_MIN}'::timestamptz"
+        f" THEN '{TIMESTAMP_MIN}'::timestamptz ELSE '{TIMESTAMP_MAX}'::timestamptz END"
+    )
+
+
+# The constraints, one statement per table (one pass over each table to validate them).
+_JOB_CHECKS = [
+    f"ADD CONSTRAINT dbqueue_job_lease_bounded CHECK (lease_seconds <= {MAX_SECONDS}::double precision)",
+    *(f"ADD CONSTRAINT dbqueue_job_{c}_range CHECK ({_in_bounds(c)})" for c in TIMESTAMPS),
+]
 ADD_CONSTRAINTS = (
-    "ALTER TABLE dbqueue_job\n"
-    f"    ADD CONSTRAINT dbqueue_job_lease_bounded"
-    f" CHECK (lease_seconds <= {MAX_SECONDS}::double precision),\n"
-    + ",\n".join(
-        f"    ADD CONSTRAINT dbqueue_job_{column}_range CHECK ("
-        f"{column} >= '{TIMESTAMP_MIN}'::timestamptz AND {column} <= '{TIMESTAMP_MAX}'::timestamptz)"
-        for column in TIMESTAMPS
+    "ALTER TABLE dbqueue_job\n    "
+    + ",\n    ".join(_JOB_CHECKS)
+    + ";\n"
+    + "".join(
+        f"ALTER TABLE {table}\n    "
+        + ",\n    ".join(
+            f"ADD CONSTRAINT {table}_{c}_range CHECK ({_in_bounds(c)})" for c in columns
+        )
+        + ";\n"
+        for table, (_model, columns) in OTHER_TABLES.items()
     )
 )
-DROP_CONSTRAINTS = "ALTER TABLE dbqueue_job\n" + ",\n".join(
-    f"    DROP CONSTRAINT dbqueue_job_{name}"
-    for name in ["lease_bounded", *(f"{column}_range" for column in TIMESTAMPS)]
+DROP_CONSTRAINTS = "".join(
+    f"ALTER TABLE {table}\n    "
+    + ",\n    ".join(f"DROP CONSTRAINT {table}_{name}" for name in names)
+    + ";\n"
+    for table, names in [
+        ("dbqueue_job", ["lease_bounded", *(f"{c}_range" for c in TIMESTAMPS)]),
+        *((t, [f"{c}_range" for c in columns]) for t, (_m, columns) in OTHER_TABLES.items()),
+    ]
 )
 
 
@@ -112,10 +150,8 @@ def _repairs():
     for column in TIMESTAMPS:
         yield (
             column,
-            f"NOT ({column} >= '{TIMESTAMP_MIN}'::timestamptz"
-            f" AND {column} <= '{TIMESTAMP_MAX}'::timestamptz)",
-            f"CASE WHEN {column} < '{TIMESTAMP_MIN}'::timestamptz"
-            f" THEN '{TIMESTAMP_MIN}'::timestamptz ELSE '{TIMESTAMP_MAX}'::timestamptz END",
+            f"NOT ({_in_bounds(column)})",
+            _clamped(column),
             f"from {TIMESTAMP_MIN} to {TIMESTAMP_MAX}, what Python reads back",
         )
     yield (
@@ -140,6 +176,16 @@ def repair_rows(cursor):
         repaired.update(row[0] for row in cursor.fetchall())
     if repaired:
         cursor.execute(END_REPAIRED, [sorted(repaired)])
+    for table, (_model, columns) in OTHER_TABLES.items():
+        for column in columns:
+            cursor.execute(
+                CLAMP_COLUMN.format(
+                    table=table,
+                    column=column,
+                    fixed=_clamped(column),
+                    bad=f"NOT ({_in_bounds(column)})",
+                )
+            )
     return repaired
 
 
@@ -362,6 +408,13 @@ BEGIN
     RETURN job.o_id;
 END
 $fn$;
+
+-- The look of store.wakeups._wakeup_wanted() (a test compares them), which now names the queue
+-- as text wherever it is a varchar column (hashtext(queue::text)); here it is text already.
+CREATE OR REPLACE FUNCTION {schema}.dbqueue_wakeup_wanted(p_queue text) RETURNS boolean
+LANGUAGE sql VOLATILE STRICT SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT CASE WHEN NOT pg_try_advisory_lock(1684173105, hashtext(p_queue::text)) THEN true WHEN NOT pg_advisory_unlock(1684173105, hashtext(p_queue::text)) THEN true WHEN NOT pg_try_advisory_xact_lock_shared(1684173106, hashtext(p_queue::text)) THEN true WHEN pg_try_advisory_lock(1684173105, hashtext(p_queue::text)) THEN NOT pg_advisory_unlock(1684173105, hashtext(p_queue::text)) ELSE true END
+$fn$;
 """
 
 # The schema of dbqueue_job, as this connection finds the table (0026's TABLES_SCHEMA).
@@ -393,13 +446,13 @@ def object_payloads(apps, schema_editor):
     _install(schema_editor, "\n".join(texts[name] for name in names))
 
 
-def _range(column):
+def _range(table, column):
     return models.CheckConstraint(
         condition=models.Q(
             (f"{column}__gte", datetime.datetime(1, 1, 2, 0, 0, tzinfo=datetime.UTC)),
             (f"{column}__lte", datetime.datetime(9999, 12, 30, 0, 0, tzinfo=datetime.UTC)),
         ),
-        name=f"dbqueue_job_{column}_range",
+        name=f"{table}_{column}_range",
     )
 
 
@@ -422,8 +475,15 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 *(
-                    migrations.AddConstraint(model_name="backgroundjob", constraint=_range(c))
+                    migrations.AddConstraint(
+                        model_name="backgroundjob", constraint=_range("dbqueue_job", c)
+                    )
                     for c in TIMESTAMPS
+                ),
+                *(
+                    migrations.AddConstraint(model_name=model, constraint=_range(table, c))
+                    for table, (model, columns) in OTHER_TABLES.items()
+                    for c in columns
                 ),
             ],
         ),

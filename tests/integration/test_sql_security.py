@@ -291,10 +291,12 @@ def _implicit_sources(owner):
     return sources
 
 
-def function_shadows(owner):
+def function_shadows(owner, names=None):
     """CREATE FUNCTION in public for each function the bodies call (pg_catalog's and ours),
     with argument types that reach it only by an implicit cast, a polymorphic parameter or an
-    unknown literal: any of them is a better match than the function it shadows."""
+    unknown literal: any of them is a better match than the function it shadows. ``names``:
+    the functions to shadow instead (test_sql_statements.py: those the package's statements
+    call too)."""
     sources = _implicit_sources(owner)
     shadows = {}
     overloads = owner.run(
@@ -305,7 +307,7 @@ def function_shadows(owner):
         WHERE p.proname = ANY(%s) AND p.prokind = 'f'
           AND n.nspname IN ('pg_catalog', 'public')
         """,
-        [_called_names(owner)],
+        [_called_names(owner) if names is None else names],
     )
     for name, schema, args, variadic, defaults, retset, returns in overloads:
         if retset and schema == "public":
