@@ -25,6 +25,12 @@
 # - a live job (pending, waiting or running) so repaired is ended: dead (cancelled when a cancel
 #   was asked for while it ran), as the worker ends a job whose row it cannot read; its entry
 #   says so. A finished one keeps its state.
+# The same bounds hold the times of the tables the scheduler, the metrics and the admin read
+# (OTHER_TABLES: events, workers, paused queues, the schedules' state and stored entries): a
+# schedule entry's last tick of year 200000 failed the scheduler's one read of every entry
+# (psycopg's typed value of it fails the fetch of the whole reply), so no entry ticked, and a
+# worker's heartbeat of -infinity failed the metrics' one statement (now() - heartbeat_at).
+# Their rows are repaired the same way, the value replaced by the nearest bound.
 # Migrating back drops the constraints; the repaired values stay as repaired.
 #
 # And the SQL doors take every payload enqueue() takes (docs/sql.md, "Payloads"): a JSON object
@@ -59,7 +65,20 @@ TIMESTAMPS = (
     "leased_until",
     "cancel_requested_at",
 )
-OTHER_TABLES = {}  # (none yet)
+# The other tables whose times the worker, the scheduler, the metrics and the admin read:
+# {table: (model, columns)}. Their rows hold no history: a time out of bounds is replaced by
+# the nearest bound (a schedule's last tick of year 200000 becomes 9999-12-30: that entry ticks
+# no more, as before, but no longer fails the scheduler's pass over every entry).
+OTHER_TABLES = {
+    "dbqueue_event": ("event", ("published_at",)),
+    "dbqueue_worker": ("workerrecord", ("started_at", "heartbeat_at", "stale_at", "expires_at")),
+    "dbqueue_queue": ("queuestate", ("changed_at",)),
+    "dbqueue_schedule": ("schedulestate", ("last_tick", "last_enqueued", "updated_at")),
+    "dbqueue_schedule_entry": (
+        "scheduleentry",
+        ("last_tick", "last_enqueued", "created_at", "updated_at"),
+    ),
+}
 LIVE = "state::text IN ('pending', 'waiting', 'running')"
 
 # The statements below run once, as the role that migrates; each call and operator in them is

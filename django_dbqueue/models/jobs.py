@@ -5,7 +5,8 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..states import FINISHED_STATES, MAX_PRIORITY, MIN_PRIORITY, JobState
-from ..validation import MAX_SECONDS, TIMESTAMP_MAX, TIMESTAMP_MIN
+from ..validation import MAX_SECONDS
+from .bounds import time_range
 from .fields import IdArrayField
 
 # The timestamp columns of a job: each within what Python reads back (the CHECKs below).
@@ -163,15 +164,7 @@ class BackgroundJob(models.Model):
             models.CheckConstraint(
                 condition=Q(lease_seconds__lte=MAX_SECONDS), name="dbqueue_job_lease_bounded"
             ),
-            *(
-                models.CheckConstraint(
-                    condition=Q(
-                        **{f"{column}__gte": TIMESTAMP_MIN, f"{column}__lte": TIMESTAMP_MAX}
-                    ),
-                    name=f"dbqueue_job_{column}_range",
-                )
-                for column in TIMESTAMP_COLUMNS
-            ),
+            *(time_range("dbqueue_job", column) for column in TIMESTAMP_COLUMNS),  # bounds.py
             # A pending job always has an attempt left: a claim can never push attempts past
             # max_attempts (which would break the CHECK above and stop the claim for everyone).
             models.CheckConstraint(

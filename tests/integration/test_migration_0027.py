@@ -14,10 +14,7 @@ from tests.integration.test_migration_0026 import database
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CONSTRAINTS = """
-SELECT conname, convalidated FROM pg_constraint
-WHERE conrelid = 'dbqueue_job'::regclass
-  AND conname = ANY(%s::name[])
-ORDER BY 1
+SELECT conname, convalidated FROM pg_constraint WHERE conname = ANY(%s::name[]) ORDER BY 1
 """
 NAMES = sorted(
     [
@@ -32,6 +29,17 @@ NAMES = sorted(
                 "leased_until",
                 "cancel_requested_at",
             )
+        ),
+        "dbqueue_event_published_at_range",
+        *(
+            f"dbqueue_worker_{c}_range"
+            for c in ("started_at", "heartbeat_at", "stale_at", "expires_at")
+        ),
+        "dbqueue_queue_changed_at_range",
+        *(f"dbqueue_schedule_{c}_range" for c in ("last_tick", "last_enqueued", "updated_at")),
+        *(
+            f"dbqueue_schedule_entry_{c}_range"
+            for c in ("last_tick", "last_enqueued", "created_at", "updated_at")
         ),
     ]
 )
@@ -102,6 +110,28 @@ def test_the_rows_that_break_the_constraints_are_repaired_and_none_is_lost():
                 "good": row(conn),
             }
             count = conn.execute("SELECT count(*) FROM dbqueue_job").fetchone()[0]
+            # The other tables' times: a schedule entry ticked in year 200000, a worker's
+            # heartbeat at -infinity, an event published in 4000 BC, a queue paused at infinity.
+            conn.execute(
+                "INSERT INTO dbqueue_schedule_entry (name, job_type, cron, timezone, payload,"
+                " queue, catch_up, misfire_grace, enabled, last_tick, created_at, updated_at)"
+                " VALUES ('far', 'noop', '* * * * *', '', '{}', '', 'latest', 60, true,"
+                " '200000-01-01 00:00:00+00', now(), now())"
+            )
+            conn.execute(
+                "INSERT INTO dbqueue_worker (worker_id, host, pid, version, queues, concurrency,"
+                " execution, state, started_at, heartbeat_at, stale_at, expires_at, running)"
+                " VALUES ('w-far', 'h', 1, 'v', '{default}', 1, 'threads', 'running', now(),"
+                " '-infinity', now(), now(), 0)"
+            )
+            conn.execute(
+                "INSERT INTO dbqueue_event (name, payload, subscribers, published_at)"
+                " VALUES ('e', '{}', '[]', '4000-01-01 00:00:00+00 BC')"
+            )
+            conn.execute(
+                "INSERT INTO dbqueue_queue (name, paused, changed_at, changed_by)"
+                " VALUES ('q', true, 'infinity', 'x')"
+            )
         call_command("migrate", "django_dbqueue", "0027", database=alias, verbosity=0)
         with psycopg.connect(**params, autocommit=True) as conn:
             conn.execute("SET TimeZone = 'UTC'")
@@ -138,6 +168,17 @@ def test_the_rows_that_break_the_constraints_are_repaired_and_none_is_lost():
             assert got["waiting"][3][5] == 0
             assert got["done"][3][3] == "9999-12-30 00:00:00+00"
             assert got["good"][:3] == ("pending", 60.0, [{"class": "Earlier", "message": "kept"}])
+            assert conn.execute(
+                "SELECT (SELECT last_tick::text FROM dbqueue_schedule_entry WHERE name = 'far'),"
+                " (SELECT heartbeat_at::text FROM dbqueue_worker WHERE worker_id = 'w-far'),"
+                " (SELECT published_at::text FROM dbqueue_event WHERE name = 'e'),"
+                " (SELECT changed_at::text FROM dbqueue_queue WHERE name = 'q')"
+            ).fetchone() == (
+                "9999-12-30 00:00:00+00",
+                "0001-01-02 00:00:00+00",
+                "0001-01-02 00:00:00+00",
+                "9999-12-30 00:00:00+00",
+            )
             # The constraints hold from now on.
             with pytest.raises(psycopg.errors.CheckViolation):
                 conn.execute(
