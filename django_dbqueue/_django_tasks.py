@@ -13,10 +13,10 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import autodiscover_modules
 
-from . import registry, schema, store, validation
+from . import decoding, registry, schema, store, validation
 from .conf import get_settings
 from .enqueue import enqueue
-from .exceptions import DiscardJob
+from .exceptions import DiscardJob, UnreadableJob
 
 JOB_TYPE = "django.tasks"
 MAX_JOB_ID = 2**63 - 1  # dbqueue_job.id is bigint
@@ -157,10 +157,14 @@ def _error_path(name):
     return name if "." in name else f"builtins.{name}"
 
 
-def _loads(text):
-    import json
-
-    return None if text is None else json.loads(text)
+def _loads(text, job_id, column):
+    """A column of a task's job row decoded (None for NULL); for a value Python cannot read
+    back (a row written by hand), UnreadableJob naming the job and the column, not a bare
+    ValueError or RecursionError from json."""
+    try:
+        return decoding.json_value(text, column)
+    except UnreadableJob as exc:
+        raise UnreadableJob(f"job #{job_id} {column}", exc.reason) from None
 
 
 # What DBQueueBackend.enqueue() stores: {"task": path, "backend": alias, "args": [...],
@@ -200,7 +204,8 @@ def _result_from_row(result_id, row, alias, *, task=None):
         priority,
         queue,
     ) = row
-    payload, errors = _loads(payload), _loads(errors) or []
+    payload = _loads(payload, result_id, "payload")
+    errors = _loads(errors, result_id, "errors") or []
     if payload_problem(payload) is not None:
         raise TaskResultDoesNotExist(result_id)  # not a task's row: nothing Django can show
     if task is None:
@@ -233,7 +238,7 @@ def _result_from_row(result_id, row, alias, *, task=None):
         worker_ids=worker_ids,
     )
     if state == "done":
-        object.__setattr__(result, "_return_value", _loads(value))
+        object.__setattr__(result, "_return_value", _loads(value, result_id, "result"))
     return result
 
 

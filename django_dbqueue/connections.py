@@ -65,8 +65,8 @@ SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()
 # gone, its transaction has committed or rolled back, and the release's snapshot sees which.
 # No row: it is gone already. A false: still there after the wait (try again).
 TERMINATE_LOST_BACKEND = """
-SELECT pg_terminate_backend(pid, %(wait_ms)s) FROM pg_stat_activity
-WHERE pid = %(pid)s AND backend_start = %(started)s
+SELECT pg_terminate_backend(pid, %(wait_ms)s::bigint) FROM pg_stat_activity
+WHERE pid = %(pid)s::int AND backend_start = %(started)s::timestamptz
 """
 
 # Keys of Django's connection parameters that are not libpq connection options.

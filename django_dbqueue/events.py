@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from django.db import ProgrammingError
 
-from . import payloads, registry, schema, store, tracing, validation, waiters, wakeup
+from . import decoding, payloads, registry, schema, store, tracing, validation, waiters, wakeup
 from .conf import get_settings
-from .exceptions import EnqueueError
+from .exceptions import EnqueueError, UnreadableJob
 from .jobspec import EnqueuedJob, database, prepare
 
 __all__ = ["PublishedEvent", "publish", "replay_event", "subscribers"]
@@ -195,7 +195,14 @@ def replay_event(event_id, subscribers=None, *, using=None):
         )
     else:
         types = tuple(dict.fromkeys(subscribers))
-    columns, _ = _columns(types, json.loads(payload_text), conf)
+    try:
+        payload = decoding.json_value(payload_text, "payload")
+    except UnreadableJob as exc:  # a row written by hand: no job can carry it
+        raise EnqueueError(
+            f"event #{event_id} ({name!r}): its stored payload cannot be read back "
+            f"({exc.reason}); nothing was enqueued"
+        ) from None
+    columns, _ = _columns(types, payload, conf)
     rows = store.replay_event(
         using, event=event_id, traceparent=tracing.current_traceparent(), **columns
     )

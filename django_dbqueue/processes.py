@@ -33,6 +33,7 @@ from dataclasses import asdict
 
 from . import registry
 from .context import JobContext
+from .exceptions import UnreadableJob
 from .execution import ConnectionHygiene, Outcome, ThreadPool, retry_delay, run_handler
 from .outcomes import error_record
 
@@ -59,6 +60,25 @@ def _row_to_json(ctx, token):
             "renewed": ctx._renewed,
         }
     ).encode()
+
+
+def _message(entry, worker_id):
+    """The job as the message its child reads (``_row_to_json``), or, for a job whose payload
+    this Python decoded but cannot encode again (nested as deep as its json reads: Python 3.13
+    reads some 10,000 levels, and the message wraps the payload in one more), the Outcome that
+    fails it dead at once, UnreadableJob naming the payload: running it again could never send
+    it, and left unsettled it would sit out its lease, attempt after attempt."""
+    try:
+        return _row_to_json(entry.ctx, entry.token)
+    except (ValueError, RecursionError) as exc:
+        reason = (
+            f"cannot be sent to the handler process as JSON ({type(exc).__name__}: {exc}); "
+            "run it in a worker with EXECUTION 'threads', or send a flatter payload"
+        )
+        error = error_record(
+            UnreadableJob("payload", reason), attempt=entry.ctx.attempt, worker_id=worker_id
+        )
+        return Outcome("dead", error=error, duration=0.0)
 
 
 def _child_main(conn, worker_id, parent_pid):
@@ -253,13 +273,18 @@ class ProcessPool(ThreadPool):
                     worker.finished(entry)
                     continue
                 try:
+                    message = _message(entry, worker.worker_id)
+                    if isinstance(message, Outcome):  # a job that cannot be sent: dead now
+                        worker.started(entry)
+                        worker.settle(entry, message)
+                        continue
                     if child is None or not child.process.is_alive():
                         child = _Child(self.context, worker.worker_id)
                         with self._lock:
                             self._started = [c for c in self._started if not c.gone(0)]
                             self._started.append(child)
                     worker.started(entry)
-                    outcome = self._run_in(child, entry)
+                    outcome = self._run_in(child, entry, message)
                     if outcome is None:  # the child died: killed at the timeout, or crashed
                         code = child.reap()
                         child = None
@@ -292,11 +317,11 @@ class ProcessPool(ThreadPool):
             if child is not None:
                 child.kill()
 
-    def _run_in(self, child, entry):
+    def _run_in(self, child, entry, message):
         with self._lock:
             self._children[id(entry)] = child
         try:
-            child.conn.send_bytes(_row_to_json(entry.ctx, entry.token))
+            child.conn.send_bytes(message)
             while True:
                 # Wake now and then: a stop after the grace period kills the children.
                 if child.conn.poll(0.5):

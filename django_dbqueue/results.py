@@ -90,7 +90,7 @@ def _timeout(value):
 
 
 READ_RESULT = """
-SELECT state, result::text, errors -> -1, cancelled_by FROM dbqueue_job WHERE id = %s
+SELECT state, result::text, errors -> -1, cancelled_by FROM dbqueue_job WHERE id = %s::bigint
 """
 
 

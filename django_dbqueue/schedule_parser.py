@@ -8,15 +8,14 @@ all call :func:`parse_entry`, so one mistake reads the same wherever it is made.
 import datetime
 import difflib
 import functools
-import json
 import zoneinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 from django.conf import settings
 
-from . import payloads, registry, validation
-from .exceptions import DBQueueError
+from . import decoding, payloads, registry, validation
+from .exceptions import DBQueueError, UnreadableJob
 from .schedule import CATCH_UP_ALL, CATCH_UP_POLICIES, DEFAULT_CATCH_UP_WINDOW, Schedule
 
 __all__ = ["ScheduleError", "entry_dict", "parse_entry", "parse_stored", "stored_entry"]
@@ -284,6 +283,19 @@ def stored_entry(
     return entry
 
 
+def stored_payload(name, text):
+    """A stored entry's payload from its JSON text, or ScheduleError naming the entry and why
+    Python cannot read it back (a row written by hand: jsonb nested deeper than Python's json
+    reads, an integer of more digits than it converts)."""
+    try:
+        return decoding.json_value(text, "payload")
+    except UnreadableJob as exc:
+        raise ScheduleError(
+            f"schedule entry {name!r}['payload'] cannot be read back: {exc.reason}",
+            field="payload",
+        ) from None
+
+
 def parse_stored(row, conf):
     """The :class:`Schedule` of a ``store.StoredEntry``, or raises ScheduleError."""
     entry = stored_entry(
@@ -291,7 +303,7 @@ def parse_stored(row, conf):
         cron=row.cron,
         every=row.every,
         timezone=row.timezone,
-        payload=json.loads(row.payload),
+        payload=stored_payload(row.name, row.payload),
         queue=row.queue,
         priority=row.priority,
         catch_up=row.catch_up,
@@ -301,14 +313,15 @@ def parse_stored(row, conf):
     return parse_entry(row.name, entry, conf, where=f"schedule entry {row.name!r}")
 
 
-def entry_dict(entry):
-    """The ``SCHEDULE``-style dict of a ``ScheduleEntry`` model instance."""
+def entry_dict(entry, payload=None):
+    """The ``SCHEDULE``-style dict of a ``ScheduleEntry`` model instance (``payload``: its
+    payload read otherwise, instead of the model's field: scheduler.status)."""
     return stored_entry(
         job_type=entry.job_type,
         cron=entry.cron,
         every=entry.every,
         timezone=entry.timezone,
-        payload=entry.payload,
+        payload=entry.payload if payload is None else payload,
         queue=entry.queue,
         priority=entry.priority,
         catch_up=entry.catch_up,

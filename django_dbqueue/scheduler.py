@@ -20,12 +20,21 @@ with a log line.
 import logging
 
 from django.db import transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
 from . import store
 from .conf import get_settings
 from .enqueue import enqueue
 from .schedule import CATCH_UP_POLICIES, Schedule
-from .schedule_parser import ScheduleError, entry_dict, parse_entry, parse_stored, stored_entry
+from .schedule_parser import (
+    ScheduleError,
+    entry_dict,
+    parse_entry,
+    parse_stored,
+    stored_entry,
+    stored_payload,
+)
 
 __all__ = [
     "Schedule",
@@ -119,7 +128,9 @@ class Scheduler:
         self._parsed = {e.id: self._parsed.get(e.id) for e in entries}  # forget deleted ones
         for entry in entries:
             schedule = self._stored(entry)
-            if schedule is not None and schedule.ticks_between(entry.last_tick, now, 1):
+            if schedule is not None and self._guarded(
+                entry.name, schedule.ticks_between, entry.last_tick, now, 1
+            ):
                 self._add(counts, self._guarded(entry.name, self._tick_stored, entry.id))
         return counts
 
@@ -139,7 +150,9 @@ class Scheduler:
             return None
 
     def _stored(self, entry):
-        """The Schedule of a stored entry, parsed once per definition; ``None`` when invalid."""
+        """The Schedule of a stored entry, parsed once per definition; ``None`` when invalid.
+        A stored row is data (anyone who can write the table wrote it): whatever its parse
+        raises leaves that entry out, logged, and the pass goes on with the others."""
         cached = self._parsed.get(entry.id)
         if cached is not None and cached[0] == entry.definition():
             return cached[1]
@@ -149,6 +162,11 @@ class Scheduler:
             schedule = parse_stored(entry, self.conf)
         except ScheduleError as exc:  # logged once per definition, not once per pass
             logger.error("dbqueue schedule entry %r ignored: %s", entry.name, exc)
+            schedule = None
+        except Exception as exc:  # a value the parsers did not expect: the same, with its class
+            logger.error(
+                "dbqueue schedule entry %r ignored: %s: %s", entry.name, type(exc).__name__, exc
+            )
             schedule = None
         self._parsed[entry.id] = (entry.definition(), schedule)
         return schedule
@@ -203,13 +221,25 @@ def status(using=None):
         watermark, enqueued = states.get(schedule.name, (None, None))
         upcoming = _upcoming(schedule, watermark or now, now)
         rows.append(_status_row(schedule.name, "settings", True, enqueued, upcoming))
-    for entry in ScheduleEntry.objects.using(using).order_by("name"):
+    # The payload as text, decoded here: a stored one Python cannot read (written by hand) is
+    # that entry's error, not the failure of the whole page (the model's field would decode it).
+    entries = (
+        ScheduleEntry.objects.using(using)
+        .order_by("name")
+        .defer("payload")
+        .annotate(payload_text=Cast("payload", TextField()))
+    )
+    for entry in entries:
         error, upcoming = None, None
         try:
             if entry.name in conf.SCHEDULE:
                 raise ScheduleError(f"DBQUEUE['SCHEDULE'] has an entry named {entry.name!r} too")
+            payload = stored_payload(entry.name, entry.payload_text)
             schedule = parse_entry(
-                entry.name, entry_dict(entry), conf, where=f"schedule entry {entry.name!r}"
+                entry.name,
+                entry_dict(entry, payload=payload),
+                conf,
+                where=f"schedule entry {entry.name!r}",
             )
             if entry.enabled:
                 upcoming = _upcoming(schedule, entry.last_tick, now)

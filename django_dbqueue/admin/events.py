@@ -3,18 +3,25 @@ made; and the link from a job's page to its event.
 
 Nobody adds, changes or deletes an event here: ``publish()`` writes them and the sweeper's
 prune deletes the ones no job refers to. Searched by exact id or exact idempotency key; listed
-newest first, along the primary key."""
+newest first, along the primary key.
 
-import json
+The JSON columns (payload, subscribers) are read as text and decoded here, each on its own: a
+row written by hand may hold JSON that Python's ``json`` refuses, which the model's fields would
+have raised for the whole page; such a value is shown as ``unreadable: <why>`` and the start of
+its text, as on a job's page (readable.py)."""
 
 from django.contrib import admin
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from .. import store
+from .. import decoding, store
 from ..conf import get_settings
+from ..exceptions import UnreadableJob
 from ..models import Event
 from .common import CappedCountPaginator, exact_search, pre
+from .readable import RAW_CHARS, pretty
 
 JOBS_SHOWN = 100  # an event's jobs listed on its page (one per subscriber: rarely more)
 
@@ -66,13 +73,35 @@ class EventAdmin(admin.ModelAdmin):
     def get_search_results(self, request, queryset, search_term):
         return exact_search(queryset, search_term, "idempotency_key"), False
 
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .defer("payload", "subscribers")
+            .annotate(
+                payload_text=Cast("payload", TextField()),
+                subscribers_text=Cast("subscribers", TextField()),
+            )
+        )
+
     @admin.display(description="subscribers")
     def subscribers_display(self, obj):
-        return ", ".join(obj.subscribers) or "none (no job was made)"
+        try:
+            subscribers = decoding.json_value(obj.subscribers_text, "subscribers")
+        except UnreadableJob as exc:
+            return f"unreadable: {exc.reason}"
+        if not isinstance(subscribers, list):
+            return f"not a list: {_cut(obj.subscribers_text)}"
+        return ", ".join(map(str, subscribers)) or "none (no job was made)"
 
     @admin.display(description="payload")
     def payload_pretty(self, obj):
-        return pre(json.dumps(obj.payload, indent=2, ensure_ascii=False))
+        try:
+            payload = decoding.json_value(obj.payload_text, "payload")
+        except UnreadableJob as exc:
+            return format_html("<p>unreadable: {}</p>{}", exc.reason, pre(_cut(obj.payload_text)))
+        shown = pretty(payload)
+        return pre(shown if shown is not None else _cut(obj.payload_text))
 
     @admin.display(description="jobs")
     def jobs_display(self, obj):
@@ -91,6 +120,11 @@ class EventAdmin(admin.ModelAdmin):
                 ),
             ),
         )
+
+
+def _cut(text):
+    text = text or ""
+    return text if len(text) <= RAW_CHARS else text[:RAW_CHARS] + f"... ({len(text):,} characters)"
 
 
 admin.site.register(Event, EventAdmin)

@@ -4,6 +4,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .bounds import time_range
+
 
 class Event(models.Model):
     """A published event: its name, its JSON payload and the subscribers it made a job for.
@@ -36,6 +38,7 @@ class Event(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="dbqueue_event_key_uniq",
             ),
+            time_range("dbqueue_event", "published_at"),  # bounds.py
         ]
         indexes = [
             # The prune: the oldest events first.

@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .bounds import time_range
 from .fields import TimestampArrayField
 
 # Flow control (docs/concepts/flow-control.md): a row per queue that operators pause and resume,
@@ -23,6 +24,7 @@ class QueueState(models.Model):
     class Meta:
         db_table = "dbqueue_queue"
         verbose_name = "queue"
+        constraints = [time_range("dbqueue_queue", "changed_at")]  # bounds.py
 
     def __str__(self):
         return f"{self.name} ({'paused' if self.paused else 'running'})"

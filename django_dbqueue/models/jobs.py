@@ -5,7 +5,19 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..states import FINISHED_STATES, MAX_PRIORITY, MIN_PRIORITY, JobState
+from ..validation import MAX_SECONDS
+from .bounds import time_range
 from .fields import IdArrayField
+
+# The timestamp columns of a job: each within what Python reads back (the CHECKs below).
+TIMESTAMP_COLUMNS = (
+    "run_after",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "leased_until",
+    "cancel_requested_at",
+)
 
 # When a job holds its unique key: live (pending, waiting or running) and, in the "pending"
 # mode, never claimed yet. Written out again in store/jobs.py (UNIQUE_HELD_SQL); keep them equal.
@@ -141,6 +153,18 @@ class BackgroundJob(models.Model):
             models.CheckConstraint(
                 condition=Q(lease_seconds__gt=0), name="dbqueue_job_lease_positive"
             ),
+            # Every value a claim, a heartbeat, a completion or the sweeper computes with is one
+            # it can compute with (migration 0027, issue 35). A lease of Infinity passed the
+            # test above and made every claim that picked the row fail ("interval out of
+            # range"): the queue stopped for every worker; a run_after of -infinity failed every
+            # limited claim of its queue. So a lease is finite and at most
+            # validation.MAX_SECONDS (NaN fails "<=" too; the doors take at most a day), and
+            # every timestamp (NULL aside) is one Python reads back, in
+            # validation.TIMESTAMP_MIN..MAX, which is what every door accepts.
+            models.CheckConstraint(
+                condition=Q(lease_seconds__lte=MAX_SECONDS), name="dbqueue_job_lease_bounded"
+            ),
+            *(time_range("dbqueue_job", column) for column in TIMESTAMP_COLUMNS),  # bounds.py
             # A pending job always has an attempt left: a claim can never push attempts past
             # max_attempts (which would break the CHECK above and stop the claim for everyone).
             models.CheckConstraint(

@@ -4,6 +4,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from .bounds import time_range
+
 
 class ScheduleState(models.Model):
     """Where one ``DBQUEUE["SCHEDULE"]`` entry stands (see scheduler.py): ``last_tick`` is how far
@@ -18,6 +20,10 @@ class ScheduleState(models.Model):
     class Meta:
         db_table = "dbqueue_schedule"
         verbose_name = "schedule state"
+        constraints = [  # bounds.py
+            time_range("dbqueue_schedule", column)
+            for column in ("last_tick", "last_enqueued", "updated_at")
+        ]
 
     def __str__(self):
         return f"{self.name} (last tick {self.last_tick})"
@@ -88,6 +94,10 @@ class ScheduleEntry(models.Model):
                 condition=Q(catch_up__in=CatchUp.values),
                 name="dbqueue_schedule_entry_catch_up_valid",
                 violation_error_message="catch-up must be none, latest or all.",
+            ),
+            *(  # bounds.py
+                time_range("dbqueue_schedule_entry", column)
+                for column in ("last_tick", "last_enqueued", "created_at", "updated_at")
             ),
         ]
 

@@ -3,6 +3,7 @@
 from django.db import models
 from django.db.models import Q
 
+from .bounds import time_range
 from .fields import TextArrayField
 
 # The worker registry (presence.py, docs/operations.md#workers): a row per running worker
@@ -43,6 +44,10 @@ class WorkerRecord(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(state__in=["running", "stopping"]), name="dbqueue_worker_state_valid"
+            ),
+            *(  # bounds.py
+                time_range("dbqueue_worker", column)
+                for column in ("started_at", "heartbeat_at", "stale_at", "expires_at")
             ),
         ]
 

@@ -23,24 +23,26 @@ from ._db import _commit, claimed_cte, int_array, text_array
 #   the batch ahead of the other keys' jobs.
 CLAIM_MORE_OF_TYPE = f"""
 WITH commit_mode AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+    SELECT set_config('synchronous_commit'::text,
+                      COALESCE(%(commit)s::text, current_setting('synchronous_commit'::text)),
+                      true)
 ),
 chosen AS MATERIALIZED (
     SELECT j.id
     FROM dbqueue_job AS j
-    WHERE j.state = 'pending' AND j.queue = %(queue)s AND j.run_after <= now()
-      AND j.type = %(type)s AND j.serial_key IS NULL
-      AND NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = %(queue)s AND p.paused)
+    WHERE j.state::text = 'pending' AND j.queue::text = %(queue)s::text AND j.run_after <= now()
+      AND j.type::text = %(type)s::text AND j.serial_key IS NULL
+      AND NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p
+                      WHERE p.name::text = %(queue)s::text AND p.paused)
     ORDER BY j.priority DESC, j.run_after, j.id
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
 ),
 {claimed_cte()}
-SELECT json_agg(json_build_array(id, type, queue, payload, attempts, max_attempts,
-                                 lease_seconds, idempotency_key, priority, created_at, wait,
-                                 traceparent, keyed)
-                ORDER BY priority DESC, run_after, id)::text
+SELECT pg_catalog.json_agg(pg_catalog.json_build_array(
+           id, type, queue, payload, attempts, max_attempts, lease_seconds, idempotency_key,
+           priority, created_at, wait, traceparent, keyed)
+       ORDER BY priority DESC, run_after, id)::text
 FROM claimed
 """
 

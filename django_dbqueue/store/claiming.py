@@ -132,13 +132,15 @@ def claim(
 # (the claim index for each queue, the primary key for the update).
 CLAIM_JOBS = PlannedOnce(f"""
 WITH commit_mode AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+    SELECT set_config('synchronous_commit'::text,
+                      COALESCE(%(commit)s::text, current_setting('synchronous_commit'::text)),
+                      true)
 ),
 claimable AS MATERIALIZED (
     SELECT u.name, u.lim
-    FROM unnest(%(queues)s::text[], %(limits)s::int[]) AS u(name, lim)
-    WHERE NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = u.name AND p.paused)
+    FROM ROWS FROM (pg_catalog.unnest(%(queues)s::text[]), pg_catalog.unnest(%(limits)s::int[]))
+        AS u(name, lim)
+    WHERE NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name::text = u.name AND p.paused)
 ),
 candidates AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_after, c.keyed
@@ -146,9 +148,9 @@ candidates AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
         FROM dbqueue_job AS j
-        WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+        WHERE j.state::text = 'pending' AND j.queue::text = q.name AND j.run_after <= now()
           AND (j.serial_key IS NULL
-               OR (%(threads)s > 0 AND dbqueue_serial_turn(j.serial_key, j.id)))
+               OR (%(threads)s::int > 0 AND dbqueue_serial_turn(j.serial_key::text, j.id)))
         ORDER BY j.priority DESC, j.run_after, j.id
         LIMIT q.lim
         FOR UPDATE SKIP LOCKED
@@ -161,13 +163,13 @@ chosen AS MATERIALIZED (
     UNION ALL
     (SELECT c.id FROM candidates AS c WHERE c.keyed
      ORDER BY c.priority DESC, c.run_after, c.id
-     LIMIT %(threads)s)
+     LIMIT %(threads)s::int)
 ),
 {claimed_cte()}
-SELECT json_agg(json_build_array(id, type, queue, payload, attempts, max_attempts,
-                                 lease_seconds, idempotency_key, priority, created_at, wait,
-                                 traceparent, keyed)
-                ORDER BY priority DESC, run_after, id)::text
+SELECT pg_catalog.json_agg(pg_catalog.json_build_array(
+           id, type, queue, payload, attempts, max_attempts, lease_seconds, idempotency_key,
+           priority, created_at, wait, traceparent, keyed)
+       ORDER BY priority DESC, run_after, id)::text
 FROM claimed
 """)
 
@@ -185,15 +187,18 @@ FROM claimed
 # value of a timestamp outside Python's years (10000, BC) fails the fetch of the whole reply.
 CLAIM_LIMITED = """
 WITH commit_mode AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+    SELECT set_config('synchronous_commit'::text,
+                      COALESCE(%(commit)s::text, current_setting('synchronous_commit'::text)),
+                      true)
 )
 SELECT f.id, f.type, f.queue, f.payload, f.attempts, f.max_attempts, f.lease_seconds,
-       f.idempotency_key, f.priority, to_json(f.created_at AT TIME ZONE 'UTC') #>> '{}', f.wait,
-       f.traceparent, f.keyed
+       f.idempotency_key, f.priority,
+       pg_catalog.to_json(f.created_at AT TIME ZONE 'UTC') #>> '{}'::text[],
+       f.wait, f.traceparent, f.keyed
 FROM commit_mode,
      dbqueue_claim_within_limits(
-         %(queues)s::text[], %(limits)s::int[], %(limit)s, %(worker)s, %(token)s,
+         %(queues)s::text[], %(limits)s::int[], %(limit)s::int, %(worker)s::text,
+         %(token)s::bigint,
          %(q_conc)s::int[], %(q_rate_n)s::int[], %(q_rate_period)s::float8[],
          %(q_rate_key)s::text[], %(t_names)s::text[], %(t_conc)s::int[], %(t_rate_n)s::int[],
          %(t_rate_period)s::float8[], %(t_rate_key)s::text[]
@@ -327,12 +332,13 @@ def read_claimed(db, rows, *, worker_id, token, known=()):
 # fair claim's places in its walk are not kept: that claim moves no cursor).
 READ_CLAIMED = """
 SELECT id, type, queue, payload::text, attempts, max_attempts, lease_seconds, idempotency_key,
-       priority, to_json(created_at AT TIME ZONE 'UTC') #>> '{}',
+       priority, pg_catalog.to_json(created_at AT TIME ZONE 'UTC') #>> '{}'::text[],
        (EXTRACT(EPOCH FROM started_at) - EXTRACT(EPOCH FROM run_after))::float8, traceparent,
-       serial_key IS NOT NULL, fair_key, to_json(run_after AT TIME ZONE 'UTC') #>> '{}'
+       serial_key IS NOT NULL, fair_key,
+       pg_catalog.to_json(run_after AT TIME ZONE 'UTC') #>> '{}'::text[]
 FROM dbqueue_job
-WHERE state = 'running' AND lease_token = %(token)s AND worker_id = %(worker)s
-  AND NOT (id = ANY(%(known)s::bigint[]))
+WHERE state::text = 'running' AND lease_token = %(token)s::bigint
+  AND worker_id::text = %(worker)s::text AND NOT (id = ANY(%(known)s::bigint[]))
 ORDER BY priority DESC, run_after, id
 """
 
@@ -372,8 +378,8 @@ def reread_claimed(db, *, worker_id, token, known=()):
 COUNT_DUE = """
 SELECT count(*) FROM (
     SELECT 1 FROM dbqueue_job
-    WHERE state = 'pending' AND queue = ANY(%(queues)s::text[]) AND run_after <= now()
-    LIMIT %(bound)s
+    WHERE state::text = 'pending' AND queue::text = ANY(%(queues)s::text[]) AND run_after <= now()
+    LIMIT %(bound)s::int
 ) AS due
 """
 

@@ -78,6 +78,9 @@ RESULT_WAITED = (
 #   and those seen in any other state (pending, running, finished) need nothing.
 # - A job outside a workflow has no dependents (NULL): the CTEs after ``completed`` see no row,
 #   and the function is not called.
+# - A count written by hand lower than the dependencies completed here stops at 0 (the job is
+#   released), rather than going negative: the CHECK on waiting_on would fail the whole batch,
+#   every job in it, at every try (issue 35).
 # Cancelling (docs/concepts/cancelling.md): a job whose cancel was asked for while it ran carries
 # cancel_requested_at, and its success ends it ``cancelled`` with the result kept. One CASE on a
 # column that is NULL for every other job, in the same statement, so the completion of an
@@ -112,61 +115,63 @@ RESULT_WAITED = (
 # inside its transaction, and waits for the row as any statement there does.
 _COMPLETE = """
 WITH commit_mode AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+    SELECT set_config('synchronous_commit'::text,
+                      COALESCE(%(commit)s::text, current_setting('synchronous_commit'::text)),
+                      true)
 ),{MINE}
 completed AS (
     UPDATE dbqueue_job AS j
     SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'done' ELSE 'cancelled' END,
         finished_at = now(), leased_until = NULL, result = c.result::jsonb
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::text[])
-             AS c(id, token, result),
+    FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[]),
+                    pg_catalog.unnest(%(results)s::text[])) AS c(id, token, result),
          commit_mode
     WHERE j.id = ANY(%(ids)s::bigint[])
-      AND j.id = c.id AND j.lease_token = c.token AND j.state = %(running)s{ONLY_MINE}
+      AND j.id = c.id AND j.lease_token = c.token AND j.state::text = %(running)s::text{ONLY_MINE}
     RETURNING j.id, j.dependents, j.cancel_requested_at IS NULL AS done, j.cancelled_by
 ),
 counts AS MATERIALIZED (
     SELECT d.id, count(*) AS n
-    FROM completed AS c CROSS JOIN LATERAL unnest(c.dependents) AS d(id)
+    FROM completed AS c CROSS JOIN LATERAL pg_catalog.unnest(c.dependents) AS d(id)
     WHERE c.done
     GROUP BY d.id
 ),
 locked AS MATERIALIZED (
     SELECT j.id FROM dbqueue_job AS j
-    WHERE j.id IN (SELECT id FROM counts) AND j.state = %(waiting)s
+    WHERE j.id IN (SELECT id FROM counts) AND j.state::text = %(waiting)s::text
     ORDER BY j.id
     FOR NO KEY UPDATE
 ),
 released AS (
     UPDATE dbqueue_job AS d
-    SET waiting_on = d.waiting_on - n.n,
-        state = CASE WHEN d.waiting_on = n.n THEN 'pending' ELSE 'waiting' END,
-        run_after = CASE WHEN d.waiting_on = n.n THEN GREATEST(d.run_after, now())
+    SET waiting_on = GREATEST(d.waiting_on - n.n, 0),
+        state = CASE WHEN d.waiting_on <= n.n THEN 'pending' ELSE 'waiting' END,
+        run_after = CASE WHEN d.waiting_on <= n.n THEN GREATEST(d.run_after, now())
                          ELSE d.run_after END
     FROM counts AS n
-    WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state = %(waiting)s
-    RETURNING d.queue, d.state
+    WHERE d.id = n.id AND d.id IN (SELECT id FROM locked) AND d.state::text = %(waiting)s::text
+    RETURNING d.queue::text AS queue, d.state::text AS state
 ),
 late AS (
     SELECT f.queue
     FROM (
-        SELECT array_agg(c.id) AS ids FROM counts AS c
+        SELECT pg_catalog.array_agg(c.id) AS ids FROM counts AS c
         WHERE NOT EXISTS (SELECT 1 FROM dbqueue_job AS v
-                          WHERE v.id = c.id AND v.state <> 'cancelled')
+                          WHERE v.id = c.id AND v.state::text <> 'cancelled')
     ) AS unseen
     CROSS JOIN LATERAL dbqueue_release_late(unseen.ids, ARRAY(SELECT id FROM completed
                                                               WHERE done)) AS f(queue)
     WHERE unseen.ids IS NOT NULL
 )
-SELECT (SELECT json_agg(id) FROM completed WHERE done)::text,
-       (SELECT json_object_agg(id, COALESCE(cancelled_by, '')) FROM completed WHERE NOT done)::text,
-       (SELECT count(pg_notify(%(channel)s, queue))
+SELECT (SELECT pg_catalog.json_agg(id) FROM completed WHERE done)::text,
+       (SELECT pg_catalog.json_object_agg(id, COALESCE(cancelled_by::text, ''))
+        FROM completed WHERE NOT done)::text,
+       (SELECT pg_catalog.count(pg_notify(%(channel)s::text, queue))
         FROM (SELECT queue FROM released WHERE state = 'pending' UNION SELECT queue FROM late)
              AS woken),
-       (SELECT count(pg_notify(%(channel)s::text || '.done', finished))
+       (SELECT pg_catalog.count(pg_notify(%(channel)s::text || '.done', finished))
         FROM (SELECT CASE WHEN sum(length(id::text) + 1) > 7000 THEN '*'
-                          ELSE string_agg(id::text, ',') END
+                          ELSE pg_catalog.string_agg(id::text, ','::text) END
               FROM completed HAVING count(*) > 0) AS f(finished)
         WHERE {RESULT_WAITED})
 """.replace("{RESULT_WAITED}", RESULT_WAITED)
@@ -174,9 +179,10 @@ SELECT (SELECT json_agg(id) FROM completed WHERE done)::text,
 _MINE = """
 mine AS MATERIALIZED (
     SELECT j.id
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS m(id, token)
+    FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[]))
+        AS m(id, token)
     JOIN dbqueue_job AS j ON j.id = m.id AND j.lease_token = m.token
-    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state = %(running)s
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state::text = %(running)s::text
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),"""
@@ -247,21 +253,24 @@ def fail(using, *, job_id, token, error, delay, dead=False):
 FAIL_JOB = """
 WITH mine AS MATERIALIZED (
     SELECT id FROM dbqueue_job
-    WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
     FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE dbqueue_job
 SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                 WHEN %(dead)s OR attempts >= max_attempts THEN 'dead' ELSE 'pending' END,
-    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s
+                 WHEN %(dead)s::boolean OR attempts >= max_attempts THEN 'dead'
+                 ELSE 'pending' END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s::boolean
                             OR attempts >= max_attempts THEN now() END,
-    run_after = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s OR attempts >= max_attempts
-                     THEN run_after ELSE now() + %(delay)s * interval '1 second' END,
+    run_after = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s::boolean
+                          OR attempts >= max_attempts
+                     THEN run_after ELSE now() + %(delay)s::float8 * interval '1 second' END,
     leased_until = NULL,
-    errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
+    errors = errors || pg_catalog.jsonb_build_array(
+        %(error)s::jsonb || pg_catalog.jsonb_build_object('at'::text, now()))
 WHERE id = (SELECT id FROM mine)
 RETURNING state, cancelled_by,
-          CASE WHEN state <> 'pending' AND {RESULT_WAITED}
+          CASE WHEN state::text <> 'pending' AND {RESULT_WAITED}
                THEN pg_notify(%(channel)s::text || '.done', id::text) END
 """.replace("{RESULT_WAITED}", RESULT_WAITED)
 
@@ -291,13 +300,13 @@ def fail_job(using, *, job_id, token, error, delay, dead=False):
 END_CANCELLED = """
 WITH mine AS MATERIALIZED (
     SELECT id FROM dbqueue_job
-    WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
     FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE dbqueue_job
 SET state = 'cancelled', finished_at = now(), leased_until = NULL,
     cancel_requested_at = COALESCE(cancel_requested_at, now()),
-    cancelled_by = COALESCE(cancelled_by, %(by)s)
+    cancelled_by = COALESCE(cancelled_by::text, %(by)s::text)
 WHERE id = (SELECT id FROM mine)
 RETURNING state, cancelled_by,
           CASE WHEN {RESULT_WAITED} THEN pg_notify(%(channel)s::text || '.done', id::text) END
@@ -322,19 +331,22 @@ def end_cancelled(using, *, job_id, token, by="handler"):
 DEFER_UNKNOWN_TYPE = """
 UPDATE dbqueue_job
 SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                 WHEN created_at < now() - %(grace)s * interval '1 second'
+                 WHEN created_at < now() - %(grace)s::float8 * interval '1 second'
                  THEN 'dead' ELSE 'pending' END,
     finished_at = CASE WHEN cancel_requested_at IS NOT NULL
-                            OR created_at < now() - %(grace)s * interval '1 second' THEN now() END,
+                            OR created_at < now() - %(grace)s::float8 * interval '1 second'
+                       THEN now() END,
     attempts = CASE WHEN cancel_requested_at IS NOT NULL
-                         OR created_at < now() - %(grace)s * interval '1 second'
-                    THEN attempts ELSE attempts - 1 END,
+                         OR created_at < now() - %(grace)s::float8 * interval '1 second'
+                    THEN attempts ELSE GREATEST(attempts - 1, 0) END,
     run_after = CASE WHEN cancel_requested_at IS NOT NULL
-                          OR created_at < now() - %(grace)s * interval '1 second' THEN run_after
-                     ELSE now() + %(delay)s * interval '1 second' END,
+                          OR created_at < now() - %(grace)s::float8 * interval '1 second'
+                     THEN run_after
+                     ELSE now() + %(delay)s::float8 * interval '1 second' END,
     leased_until = NULL,
-    errors = errors || jsonb_build_array(%(error)s::jsonb || jsonb_build_object('at', now()))
-WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+    errors = errors || pg_catalog.jsonb_build_array(
+        %(error)s::jsonb || pg_catalog.jsonb_build_object('at'::text, now()))
+WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
 RETURNING state, run_after
 """
 
@@ -379,7 +391,8 @@ SNOOZE_JOB = """
 UPDATE dbqueue_job
 SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pending' END,
     finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
-    attempts = CASE WHEN cancel_requested_at IS NOT NULL THEN attempts ELSE attempts - 1 END,
+    attempts = CASE WHEN cancel_requested_at IS NOT NULL THEN attempts
+                    ELSE GREATEST(attempts - 1, 0) END,
     run_after = CASE WHEN cancel_requested_at IS NOT NULL THEN run_after
                      WHEN %(seen)s::int IS NOT NULL AND signal_seq <> %(seen)s::int THEN now()
                      ELSE GREATEST(now(), COALESCE(%(until)s::timestamptz,
@@ -389,7 +402,7 @@ SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pen
     wait_reason = %(reason)s::text,
     wait_token = CASE WHEN %(reason)s::text IS NULL THEN NULL ELSE lease_token END,
     leased_until = NULL
-WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state = 'running'
+WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
   AND (NOT %(counts)s::boolean OR snoozes < %(max)s::int OR cancel_requested_at IS NOT NULL)
 RETURNING state, run_after, cancelled_by, EXTRACT(EPOCH FROM run_after - now())::float8
 """

@@ -29,14 +29,16 @@ from ._db import _execute
 # ROLLUP_MINUTE's plan (its estimated cost is the backlog's) even when the guards skip every
 # scan, which measured ~90 ms a pass against ~1 ms for the probe alone.
 ROLLUP_DUE = """
-SELECT NOT EXISTS (SELECT 1 FROM dbqueue_depth WHERE minute = date_trunc('minute', now()))
+SELECT NOT EXISTS (SELECT 1 FROM dbqueue_depth
+                   WHERE minute = date_trunc('minute'::text, now()))
 """
 
 # The name a job is shown and counted under (names.py): its type, or for a ``django.tasks`` job
 # the path of its task as stored in the payload (text only: nothing is resolved or imported),
 # cut to the 200 characters of a type. ``j`` is the job row.
-JOB_NAME_SQL = """CASE WHEN j.type = 'django.tasks' AND jsonb_typeof(j.payload -> 'task') = 'string'
-     THEN left(j.payload ->> 'task', 200) ELSE j.type END"""
+JOB_NAME_SQL = """CASE WHEN j.type::text = 'django.tasks'
+          AND jsonb_typeof(j.payload -> 'task'::text) = 'string'
+     THEN left(j.payload ->> 'task'::text, 200) ELSE j.type::text END"""
 
 # The failed attempts of the jobs that may have failed since %(from)s, one row per error entry,
 # at the time it failed: (queue, name, at). An entry's "at" is the database's now() when it was
@@ -57,18 +59,18 @@ SELECT j.queue, """
     + r""" AS type, f.at
 FROM (
     SELECT queue, type, payload, errors, finished_at FROM dbqueue_job
-    WHERE state IN ('done', 'dead', 'cancelled') AND finished_at >= %(from)s
+    WHERE state::text IN ('done', 'dead', 'cancelled') AND finished_at >= %(from)s
     UNION ALL
     SELECT queue, type, payload, errors, finished_at FROM dbqueue_job
-    WHERE state = 'pending' AND NOT (errors = '[]'::jsonb) AND run_after >= %(from)s
+    WHERE state::text = 'pending' AND NOT (errors = '[]'::jsonb) AND run_after >= %(from)s
     UNION ALL
-    SELECT queue, type, payload, errors, finished_at FROM dbqueue_job WHERE state = 'running'
+    SELECT queue, type, payload, errors, finished_at FROM dbqueue_job WHERE state::text = 'running'
 ) AS j
 CROSS JOIN LATERAL (
-    SELECT CASE WHEN e.value ->> 'at' ~ '^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d'
-                THEN (e.value ->> 'at')::timestamptz ELSE j.finished_at END AS at
+    SELECT CASE WHEN e.value ->> 'at'::text ~ '^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d'::text
+                THEN (e.value ->> 'at'::text)::timestamptz ELSE j.finished_at END AS at
     FROM jsonb_array_elements(j.errors) AS e
-    WHERE jsonb_typeof(e.value) = 'object' AND NOT (e.value ? 'requeued')
+    WHERE jsonb_typeof(e.value) = 'object' AND NOT (e.value ? 'requeued'::text)
 ) AS f
 WHERE j.errors <> '[]'::jsonb AND f.at >= %(from)s"""
 )
@@ -76,31 +78,33 @@ WHERE j.errors <> '[]'::jsonb AND f.at >= %(from)s"""
 ROLLUP_MINUTE = (
     """
 WITH this AS MATERIALIZED (
-    SELECT date_trunc('minute', now()) AS minute,
-           NOT EXISTS (SELECT 1 FROM dbqueue_depth WHERE minute = date_trunc('minute', now()))
-               AS todo
+    SELECT date_trunc('minute'::text, now()) AS minute,
+           NOT EXISTS (SELECT 1 FROM dbqueue_depth
+                       WHERE minute = date_trunc('minute'::text, now())) AS todo
 ),
 previous AS MATERIALIZED (
-    SELECT COALESCE(max(d.minute), t.minute - %(catch_up)s * interval '1 second') AS minute
+    SELECT COALESCE(max(d.minute), t.minute - %(catch_up)s::float8 * interval '1 second')
+               AS minute
     FROM this AS t LEFT JOIN dbqueue_depth AS d
-      ON d.minute < t.minute AND d.minute >= t.minute - %(catch_up)s * interval '1 second'
+      ON d.minute < t.minute AND d.minute >= t.minute - %(catch_up)s::float8 * interval '1 second'
     WHERE t.todo
     GROUP BY t.minute
 ),
 backlog AS MATERIALIZED (
-    SELECT queue, count(*) FILTER (WHERE run_after <= now()) AS due,
+    SELECT queue::text AS queue, count(*) FILTER (WHERE run_after <= now()) AS due,
            count(*) FILTER (WHERE run_after > now()) AS scheduled, 0 AS running
-    FROM dbqueue_job WHERE state = 'pending' AND (SELECT todo FROM this) GROUP BY queue
+    FROM dbqueue_job WHERE state::text = 'pending' AND (SELECT todo FROM this) GROUP BY queue
     UNION ALL
-    SELECT queue, 0, 0, count(*)
-    FROM dbqueue_job WHERE state = 'running' AND (SELECT todo FROM this) GROUP BY queue
+    SELECT queue::text, 0, 0, count(*)
+    FROM dbqueue_job WHERE state::text = 'running' AND (SELECT todo FROM this) GROUP BY queue
 ),
 sample AS (
     INSERT INTO dbqueue_depth (minute, queue, due, scheduled, running)
     SELECT t.minute, q.queue, COALESCE(sum(b.due), 0), COALESCE(sum(b.scheduled), 0),
            COALESCE(sum(b.running), 0)
     FROM this AS t
-    CROSS JOIN (SELECT unnest(%(queues)s::text[]) AS queue UNION SELECT queue FROM backlog) AS q
+    CROSS JOIN (SELECT pg_catalog.unnest(%(queues)s::text[]) AS queue
+                UNION SELECT queue FROM backlog) AS q
     LEFT JOIN backlog AS b ON b.queue = q.queue
     WHERE t.todo
     GROUP BY t.minute, q.queue
@@ -108,22 +112,22 @@ sample AS (
     RETURNING 1
 ),
 finished AS MATERIALIZED (
-    SELECT date_trunc('minute', j.finished_at) AS minute, j.queue, """
+    SELECT date_trunc('minute'::text, j.finished_at) AS minute, j.queue::text AS queue, """
     + JOB_NAME_SQL
     + """ AS type,
-           width_bucket(EXTRACT(EPOCH FROM j.started_at - j.run_after)::float8,
-                        %(bounds)s::float8[]) AS bin,
-           count(*) FILTER (WHERE j.state = 'done') AS done,
-           count(*) FILTER (WHERE j.state = 'dead') AS dead,
-           count(*) FILTER (WHERE j.state = 'cancelled') AS cancelled,
+           pg_catalog.width_bucket(EXTRACT(EPOCH FROM j.started_at - j.run_after)::float8,
+                                   %(bounds)s::float8[]) AS bin,
+           count(*) FILTER (WHERE j.state::text = 'done') AS done,
+           count(*) FILTER (WHERE j.state::text = 'dead') AS dead,
+           count(*) FILTER (WHERE j.state::text = 'cancelled') AS cancelled,
            0 AS failed
     FROM dbqueue_job AS j, this AS t, previous AS p
-    WHERE j.state IN ('done', 'dead', 'cancelled')
+    WHERE j.state::text IN ('done', 'dead', 'cancelled')
       AND j.finished_at >= p.minute AND j.finished_at < t.minute
       AND EXISTS (SELECT 1 FROM sample)
     GROUP BY 1, 2, 3, 4
     UNION ALL
-    SELECT date_trunc('minute', a.at), a.queue, a.type, NULL, 0, 0, 0, count(*)
+    SELECT date_trunc('minute'::text, a.at), a.queue::text, a.type, NULL, 0, 0, 0, count(*)
     FROM ("""
     + FAILED_ATTEMPTS_SQL.replace("%(from)s", "(SELECT minute FROM previous)")
     + """) AS a, this AS t
@@ -135,8 +139,8 @@ rolled AS (
         minute, queue, type, done, dead, cancelled, failed_attempts, wait_histogram
     )
     SELECT minute, queue, type, sum(done), sum(dead), sum(cancelled), sum(failed),
-           COALESCE(jsonb_object_agg(bin, done + dead) FILTER (WHERE bin IS NOT NULL
-                                                              AND done + dead > 0), '{}')
+           COALESCE(pg_catalog.jsonb_object_agg(bin, done + dead)
+                        FILTER (WHERE bin IS NOT NULL AND done + dead > 0), '{}'::jsonb)
     FROM finished
     GROUP BY minute, queue, type
     ON CONFLICT (minute, queue, type) DO NOTHING
@@ -163,7 +167,7 @@ def rollup_minute(db, *, queues, bounds, catch_up):
 PRUNE_DEPTH = """
 WITH deleted AS (
     DELETE FROM dbqueue_depth WHERE id IN (
-        SELECT id FROM dbqueue_depth WHERE minute < now() - %(age)s * interval '1 second'
+        SELECT id FROM dbqueue_depth WHERE minute < now() - %(age)s::float8 * interval '1 second'
         ORDER BY minute LIMIT %(limit)s
     )
     RETURNING 1
@@ -174,7 +178,8 @@ SELECT count(*) FROM deleted
 PRUNE_FINISHED_MINUTES = """
 WITH deleted AS (
     DELETE FROM dbqueue_finished WHERE id IN (
-        SELECT id FROM dbqueue_finished WHERE minute < now() - %(age)s * interval '1 second'
+        SELECT id FROM dbqueue_finished
+        WHERE minute < now() - %(age)s::float8 * interval '1 second'
         ORDER BY minute LIMIT %(limit)s
     )
     RETURNING 1
@@ -197,8 +202,8 @@ def prune_rollup(db, *, age, limit):
 DASHBOARD_CLOCK = """
 SELECT now(), s.since, GREATEST(s.since, (SELECT max(minute) FROM dbqueue_depth
                                           WHERE minute >= s.since))
-FROM (SELECT date_trunc('minute', now()) - %(window)s * interval '1 second'
-                                        + interval '1 minute' AS since) AS s
+FROM (SELECT date_trunc('minute'::text, now()) - %(window)s::float8 * interval '1 second'
+                                              + interval '1 minute' AS since) AS s
 """
 
 
@@ -213,23 +218,25 @@ def dashboard_clock(using, *, window):
 # of dbqueue_job_finished_idx). Buckets are numbered from %(since)s in steps of %(step)s seconds.
 DASHBOARD_FINISHED = (
     """
-SELECT floor(EXTRACT(EPOCH FROM r.at - %(since)s) / %(step)s)::int AS bucket, r.type,
+SELECT floor(EXTRACT(EPOCH FROM r.at - %(since)s::timestamptz)::float8 / %(step)s::float8)::int
+           AS bucket, r.type,
        sum(r.done)::bigint, sum(r.dead)::bigint, sum(r.cancelled)::bigint, sum(r.failed)::bigint
 FROM (
     SELECT minute AS at, type, done, dead, cancelled, failed_attempts AS failed
     FROM dbqueue_finished
-    WHERE minute >= %(since)s AND minute < %(split)s
+    WHERE minute >= %(since)s::timestamptz AND minute < %(split)s::timestamptz
     UNION ALL
     SELECT j.finished_at, """
     + JOB_NAME_SQL
-    + """, (j.state = 'done')::int, (j.state = 'dead')::int,
-           (j.state = 'cancelled')::int, 0
+    + """, (j.state::text = 'done')::int, (j.state::text = 'dead')::int,
+           (j.state::text = 'cancelled')::int, 0
     FROM dbqueue_job AS j
-    WHERE j.state IN ('done', 'dead', 'cancelled') AND j.finished_at >= %(split)s
+    WHERE j.state::text IN ('done', 'dead', 'cancelled')
+      AND j.finished_at >= %(split)s::timestamptz
     UNION ALL
     SELECT a.at, a.type, 0, 0, 0, 1
     FROM ("""
-    + FAILED_ATTEMPTS_SQL.replace("%(from)s", "%(split)s")
+    + FAILED_ATTEMPTS_SQL.replace("%(from)s", "%(split)s::timestamptz")
     + """) AS a
 ) AS r
 WHERE r.at <= now()
@@ -248,18 +255,21 @@ def dashboard_finished(using, *, since, split, step):
 # Both reads stop at now(): a finished_at in the future can only be a row written by hand (year
 # 200000), whose bucket would overflow the int and fail the whole dashboard.
 DASHBOARD_WAITS = """
-SELECT floor(EXTRACT(EPOCH FROM r.at - %(since)s) / %(step)s)::int AS bucket, r.bin,
+SELECT floor(EXTRACT(EPOCH FROM r.at - %(since)s::timestamptz)::float8 / %(step)s::float8)::int
+           AS bucket, r.bin,
        sum(r.n)::bigint
 FROM (
     SELECT f.minute AS at, h.key::int AS bin, h.value::int AS n
     FROM dbqueue_finished AS f CROSS JOIN LATERAL jsonb_each_text(f.wait_histogram) AS h
-    WHERE f.minute >= %(since)s AND f.minute < %(split)s
+    WHERE f.minute >= %(since)s::timestamptz AND f.minute < %(split)s::timestamptz
     UNION ALL
     SELECT finished_at,
-           width_bucket(EXTRACT(EPOCH FROM started_at - run_after)::float8, %(bounds)s::float8[]),
+           pg_catalog.width_bucket(EXTRACT(EPOCH FROM started_at - run_after)::float8,
+                                   %(bounds)s::float8[]),
            1
     FROM dbqueue_job
-    WHERE state IN ('done', 'dead') AND finished_at >= %(split)s AND started_at IS NOT NULL
+    WHERE state::text IN ('done', 'dead') AND finished_at >= %(split)s::timestamptz
+      AND started_at IS NOT NULL
 ) AS r
 WHERE r.at <= now()
 GROUP BY 1, 2
@@ -274,10 +284,11 @@ def dashboard_waits(using, *, since, split, step, bounds):
 
 # Queue depth per bucket: the largest sample of each queue in it.
 DASHBOARD_DEPTH = """
-SELECT floor(EXTRACT(EPOCH FROM minute - %(since)s) / %(step)s)::int AS bucket, queue,
+SELECT floor(EXTRACT(EPOCH FROM minute - %(since)s::timestamptz)::float8 / %(step)s::float8)::int
+           AS bucket, queue,
        max(due), max(scheduled), max(running)
 FROM dbqueue_depth
-WHERE minute >= %(since)s
+WHERE minute >= %(since)s::timestamptz
 GROUP BY 1, 2
 """
 
@@ -291,11 +302,11 @@ def dashboard_depth(using, *, since, step):
 # grouped by worker, through dbqueue_job_lease_idx. The last heartbeat is when the worker last
 # extended a lease (leased_until - lease, as in METRICS_SNAPSHOT). Bounded by %(limit)s.
 DASHBOARD_WORKERS = """
-SELECT worker_id, array_agg(DISTINCT queue ORDER BY queue), count(*),
+SELECT worker_id, pg_catalog.array_agg(DISTINCT queue::text ORDER BY queue::text), count(*),
        count(*) FILTER (WHERE leased_until < now()),
        EXTRACT(EPOCH FROM now() - max(leased_until - lease_seconds * interval '1 second'))::float8
 FROM dbqueue_job
-WHERE state = 'running'
+WHERE state::text = 'running'
 GROUP BY worker_id
 ORDER BY worker_id
 LIMIT %(limit)s

@@ -31,8 +31,8 @@ ON CONFLICT (key) DO UPDATE
     SET state = 'recorded', job_id = EXCLUDED.job_id, attempt = EXCLUDED.attempt,
         provider_reference = '', error = '',
         updated_at = GREATEST(now(), dbqueue_delivery.updated_at + interval '1 microsecond')
-    WHERE dbqueue_delivery.state = 'failed'
-RETURNING id, (extract(epoch FROM updated_at) * 1000000)::bigint
+    WHERE dbqueue_delivery.state::text = 'failed'
+RETURNING id, (extract(epoch FROM updated_at) * 1000000::numeric)::bigint
 """
 
 
@@ -47,7 +47,7 @@ def begin_delivery(using, *, key, job_id, attempt):
 
 SELECT_DELIVERY = """
 SELECT id, state, provider_reference, error, job_id, attempt, created_at, updated_at
-FROM dbqueue_delivery WHERE key = %(key)s
+FROM dbqueue_delivery WHERE key::text = %(key)s::text
 """
 
 
@@ -71,11 +71,12 @@ SETTLE_DELIVERY = """
 UPDATE dbqueue_delivery
 SET state = %(state)s, provider_reference = %(reference)s, error = %(error)s,
     updated_at = GREATEST(now(), updated_at + interval '1 microsecond')
-WHERE key = %(key)s AND state = 'recorded'
+WHERE key::text = %(key)s::text AND state::text = 'recorded'
   AND (%(holder)s::boolean IS NOT TRUE
        OR (job_id IS NOT DISTINCT FROM %(job_id)s::bigint AND attempt = %(attempt)s::int
            AND (%(recorded_at)s::bigint IS NULL
-                OR (extract(epoch FROM updated_at) * 1000000)::bigint = %(recorded_at)s::bigint)))
+                OR (extract(epoch FROM updated_at) * 1000000::numeric)::bigint
+                   = %(recorded_at)s::bigint)))
 RETURNING id
 """
 
@@ -130,7 +131,7 @@ SETTLE_DELIVERIES_BY_ID = """
 UPDATE dbqueue_delivery
 SET state = %(state)s, error = %(error)s,
     updated_at = GREATEST(now(), updated_at + interval '1 microsecond')
-WHERE id = ANY(%(ids)s::bigint[]) AND state = 'recorded'
+WHERE id = ANY(%(ids)s::bigint[]) AND state::text = 'recorded'
 RETURNING id
 """
 

@@ -8,7 +8,7 @@ from .wakeups import WAKEUPS_WANTED
 # A subscriber's job is keyed by its event and its type, so that one event never makes two jobs
 # of one subscriber while the first exists; the event's subscriber list keeps that true after
 # retention deleted it (REPLAY_EVENT).
-JOB_KEY = "'dbqueue:event:' || e.id || ':' || u.type"
+JOB_KEY = "'dbqueue:event:' || e.id::text || ':' || u.type"
 
 # The subscribers' jobs of the event ``e``, one per element of the arrays (each subscriber's
 # queue, priority, attempts, lease, serial key and fair key, from its @job and the payload, as
@@ -22,9 +22,11 @@ INSERT INTO dbqueue_job (
 )
 SELECT u.type, u.queue, e.payload, 'pending', u.priority, now(), 0, u.max_attempts, u.lease,
        {JOB_KEY}, '[]'::jsonb, now(), u.serial_key, u.fair_key, %(traceparent)s, e.id
-FROM event AS e CROSS JOIN unnest(
-    %(types)s::text[], %(queues)s::text[], %(priorities)s::smallint[], %(max_attempts)s::int[],
-    %(leases)s::float8[], %(serial_keys)s::text[], %(fair_keys)s::text[]
+FROM event AS e CROSS JOIN ROWS FROM (
+    pg_catalog.unnest(%(types)s::text[]), pg_catalog.unnest(%(queues)s::text[]),
+    pg_catalog.unnest(%(priorities)s::smallint[]), pg_catalog.unnest(%(max_attempts)s::int[]),
+    pg_catalog.unnest(%(leases)s::float8[]), pg_catalog.unnest(%(serial_keys)s::text[]),
+    pg_catalog.unnest(%(fair_keys)s::text[])
 ) WITH ORDINALITY AS u(type, queue, priority, max_attempts, lease, serial_key, fair_key, ord)
 {{only}}ORDER BY u.ord
 """
@@ -49,7 +51,7 @@ RETURNING id, type, queue
 ),
 wanted AS MATERIALIZED ({WAKEUPS_WANTED})
 SELECT e.id, i.id, i.type, i.queue, w.wanted
-FROM event AS e LEFT JOIN inserted AS i ON true LEFT JOIN wanted AS w USING (queue)
+FROM event AS e LEFT JOIN inserted AS i ON true LEFT JOIN wanted AS w ON w.queue = i.queue::text
 """
 
 
@@ -80,7 +82,7 @@ def _params(values):
 SELECT_EVENT_BY_KEY = """
 SELECT e.id, j.id, j.type, j.queue
 FROM dbqueue_event AS e LEFT JOIN dbqueue_job AS j ON j.event_id = e.id
-WHERE e.name = %(name)s AND e.idempotency_key = %(key)s
+WHERE e.name::text = %(name)s::text AND e.idempotency_key::text = %(key)s::text
 ORDER BY j.id
 FOR KEY SHARE OF e
 """
@@ -114,7 +116,8 @@ _NEW_SUBSCRIBERS_JOBS = _SUBSCRIBER_JOBS.format(only="WHERE NOT e.subscribers ? 
 # waiting for the other's share lock (a deadlock, test_event_prune_race.py).
 REPLAY_EVENT = f"""
 WITH event AS (
-    SELECT id, payload, subscribers FROM dbqueue_event WHERE id = %(event)s FOR NO KEY UPDATE
+    SELECT id, payload, subscribers FROM dbqueue_event WHERE id = %(event)s::bigint
+    FOR NO KEY UPDATE
 ),
 inserted AS (
 {_NEW_SUBSCRIBERS_JOBS}
@@ -124,15 +127,15 @@ RETURNING id, type, queue
 noted AS (
     UPDATE dbqueue_event AS d
     SET subscribers = d.subscribers || COALESCE(
-        (SELECT jsonb_agg(i.type ORDER BY i.id) FROM inserted AS i
-         WHERE NOT d.subscribers ? i.type),
+        (SELECT pg_catalog.jsonb_agg(i.type::text ORDER BY i.id) FROM inserted AS i
+         WHERE NOT d.subscribers ? i.type::text),
         '[]'::jsonb)
     WHERE d.id = (SELECT id FROM event)
     RETURNING d.id
 ),
 wanted AS MATERIALIZED ({WAKEUPS_WANTED})
 SELECT e.id, i.id, i.type, i.queue, w.wanted
-FROM event AS e LEFT JOIN inserted AS i ON true LEFT JOIN wanted AS w USING (queue)
+FROM event AS e LEFT JOIN inserted AS i ON true LEFT JOIN wanted AS w ON w.queue = i.queue::text
 """
 
 
@@ -145,10 +148,11 @@ def replay_event(using, **values):
 # An event's name, payload and the jobs that refer to it (replay, the admin, status).
 SELECT_EVENT = """
 SELECT e.name, e.payload::text, e.idempotency_key, e.subscribers::text, e.published_at
-FROM dbqueue_event AS e WHERE e.id = %(event)s
+FROM dbqueue_event AS e WHERE e.id = %(event)s::bigint
 """
 SELECT_EVENT_JOBS = """
-SELECT id, type, queue, state, attempts FROM dbqueue_job WHERE event_id = %(event)s ORDER BY id
+SELECT id, type, queue, state, attempts FROM dbqueue_job WHERE event_id = %(event)s::bigint
+ORDER BY id
 """
 
 
@@ -175,7 +179,7 @@ def event_jobs(using, event_id):
 # same statement), so a job that the second statement cannot see does not exist.
 LOCK_PRUNABLE_EVENTS = """
 SELECT e.id FROM dbqueue_event AS e
-WHERE e.published_at < now() - %(age)s * interval '1 second'
+WHERE e.published_at < now() - %(age)s::float8 * interval '1 second'
   AND NOT EXISTS (SELECT 1 FROM dbqueue_job AS j WHERE j.event_id = e.id)
 ORDER BY e.published_at
 LIMIT %(limit)s

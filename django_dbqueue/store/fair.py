@@ -8,12 +8,14 @@ from ._db import claimed_cte, text_array
 
 # The serial-key rule of CLAIM_JOBS (store/claiming.py explains it), the same in both claims.
 _SERIAL_TURN = (
-    "(j.serial_key IS NULL OR (%(threads)s > 0 AND dbqueue_serial_turn(j.serial_key, j.id)))"
+    "(j.serial_key IS NULL"
+    " OR (%(threads)s::int > 0 AND dbqueue_serial_turn(j.serial_key::text, j.id)))"
 )
 # The same test without its side effects (no advisory lock, nothing remembered; migration 0016):
 # for a look that locks nothing, that a job might start (the walk's key test, keyless_head).
 _SERIAL_FREE = (
-    "(j.serial_key IS NULL OR (%(threads)s > 0 AND dbqueue_serial_free(j.serial_key, j.id)))"
+    "(j.serial_key IS NULL"
+    " OR (%(threads)s::int > 0 AND dbqueue_serial_free(j.serial_key::text, j.id)))"
 )
 # The place of the keyless jobs in the walk: after every key (a walk visits at most this many).
 _KEYLESS_POS = 1_000_000_000
@@ -78,15 +80,17 @@ def _claim_fair(of_type=""):
     _READY = f"(j.serial_key IS NULL{of_type})"
     return PlannedOnce(f"""
 WITH RECURSIVE commit_mode AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+    SELECT set_config('synchronous_commit'::text,
+                      COALESCE(%(commit)s::text, current_setting('synchronous_commit'::text)),
+                      true)
 ),
 claimable AS MATERIALIZED (
     SELECT u.name, u.lim, u.fair, u.cursor
-    FROM unnest(%(queues)s::text[], %(limits)s::int[], %(fair)s::boolean[],
-                %(cursors)s::text[]) AS u(name, lim, fair, cursor)
+    FROM ROWS FROM (pg_catalog.unnest(%(queues)s::text[]), pg_catalog.unnest(%(limits)s::int[]),
+                    pg_catalog.unnest(%(fair)s::boolean[]), pg_catalog.unnest(%(cursors)s::text[]))
+        AS u(name, lim, fair, cursor)
     WHERE u.lim > 0
-      AND NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name = u.name AND p.paused)
+      AND NOT EXISTS (SELECT 1 FROM dbqueue_queue AS p WHERE p.name::text = u.name AND p.paused)
 ),
 plain AS MATERIALIZED (
     SELECT c.id, c.priority, c.run_after, c.keyed, q.name AS queue, q.lim
@@ -94,7 +98,7 @@ plain AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
         FROM dbqueue_job AS j
-        WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+        WHERE j.state::text = 'pending' AND j.queue::text = q.name AND j.run_after <= now()
           AND {_SERIAL_TURN}{of_type}
         ORDER BY j.priority DESC, j.run_after, j.id
         LIMIT q.lim
@@ -108,7 +112,7 @@ keyless_head AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.fair_key
         FROM dbqueue_job AS j
-        WHERE j.state = 'pending' AND j.queue = q.name AND j.run_after <= now()
+        WHERE j.state::text = 'pending' AND j.queue::text = q.name AND j.run_after <= now()
           AND (CASE WHEN j.fair_key IS NULL THEN {_SERIAL_FREE}
                     ELSE j.serial_key IS NULL END){of_type}
         ORDER BY j.priority DESC, j.run_after, j.id
@@ -122,7 +126,7 @@ keyless AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
         FROM dbqueue_job AS j
-        WHERE j.id = h.id AND j.state = 'pending' AND j.fair_key IS NULL
+        WHERE j.id = h.id AND j.state::text = 'pending' AND j.fair_key IS NULL
           AND j.run_after <= now() AND {_SERIAL_TURN}{of_type}
         FOR UPDATE SKIP LOCKED
     ) AS c
@@ -136,24 +140,24 @@ walk (queue, lim, cursor, pos, key, phase, served, open) AS (
            w.served + (n.ready OR s.id IS NOT NULL)::int, n.ready OR s.id IS NOT NULL
     FROM walk AS w
     CROSS JOIN LATERAL (
-        (SELECT j.fair_key AS key, 0 AS phase, {_READY} AS ready
+        (SELECT j.fair_key::text AS key, 0 AS phase, {_READY} AS ready
          FROM dbqueue_job AS j
-         WHERE w.phase = 0 AND j.state = 'pending' AND j.fair_key IS NOT NULL
-           AND j.queue = w.queue AND j.fair_key > w.key AND j.run_after <= now()
+         WHERE w.phase = 0 AND j.state::text = 'pending' AND j.fair_key IS NOT NULL
+           AND j.queue::text = w.queue AND j.fair_key::text > w.key AND j.run_after <= now()
          ORDER BY j.fair_key
          LIMIT 1)
         UNION ALL
-        (SELECT j.fair_key, 1, {_READY}
+        (SELECT j.fair_key::text, 1, {_READY}
          FROM dbqueue_job AS j
-         WHERE w.phase = 0 AND j.state = 'pending' AND j.fair_key IS NOT NULL
-           AND j.queue = w.queue AND j.fair_key <= w.cursor AND j.run_after <= now()
+         WHERE w.phase = 0 AND j.state::text = 'pending' AND j.fair_key IS NOT NULL
+           AND j.queue::text = w.queue AND j.fair_key::text <= w.cursor AND j.run_after <= now()
          ORDER BY j.fair_key
          LIMIT 1)
         UNION ALL
-        (SELECT j.fair_key, 1, {_READY}
+        (SELECT j.fair_key::text, 1, {_READY}
          FROM dbqueue_job AS j
-         WHERE w.phase = 1 AND j.state = 'pending' AND j.fair_key IS NOT NULL
-           AND j.queue = w.queue AND j.fair_key > w.key AND j.fair_key <= w.cursor
+         WHERE w.phase = 1 AND j.state::text = 'pending' AND j.fair_key IS NOT NULL
+           AND j.queue::text = w.queue AND j.fair_key::text > w.key AND j.fair_key::text <= w.cursor
            AND j.run_after <= now()
          ORDER BY j.fair_key
          LIMIT 1)
@@ -162,8 +166,8 @@ walk (queue, lim, cursor, pos, key, phase, served, open) AS (
     LEFT JOIN LATERAL (
         SELECT j.id
         FROM dbqueue_job AS j
-        WHERE NOT n.ready AND j.state = 'pending' AND j.fair_key IS NOT NULL
-          AND j.queue = w.queue AND j.fair_key >= n.key AND j.fair_key <= n.key
+        WHERE NOT n.ready AND j.state::text = 'pending' AND j.fair_key IS NOT NULL
+          AND j.queue::text = w.queue AND j.fair_key::text >= n.key AND j.fair_key::text <= n.key
           AND j.run_after <= now() AND {_SERIAL_FREE}{of_type}
         ORDER BY j.fair_key, j.priority DESC, j.run_after, j.id
         LIMIT 1
@@ -183,8 +187,8 @@ fair AS MATERIALIZED (
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_after, j.serial_key IS NOT NULL AS keyed
         FROM dbqueue_job AS j
-        WHERE j.state = 'pending' AND j.fair_key IS NOT NULL
-          AND j.queue = k.queue AND j.fair_key >= k.key AND j.fair_key <= k.key
+        WHERE j.state::text = 'pending' AND j.fair_key IS NOT NULL
+          AND j.queue::text = k.queue AND j.fair_key::text >= k.key AND j.fair_key::text <= k.key
           AND j.run_after <= now() AND {_SERIAL_TURN}{of_type}
         ORDER BY j.fair_key, j.priority DESC, j.run_after, j.id
         LIMIT k.share
@@ -216,13 +220,14 @@ chosen AS MATERIALIZED (
     UNION ALL
     (SELECT c.id, c.rank, c.pos FROM candidates AS c WHERE c.keyed
      ORDER BY c.rank, c.pos, c.priority DESC, c.run_after, c.id
-     LIMIT %(threads)s)
+     LIMIT %(threads)s::int)
 ),
 {claimed_cte(", j.fair_key")}
-SELECT json_agg(json_build_array(c.id, c.type, c.queue, c.payload, c.attempts, c.max_attempts,
-                                 c.lease_seconds, c.idempotency_key, c.priority, c.created_at,
-                                 c.wait, c.traceparent, c.keyed, c.fair_key, h.pos)
-                ORDER BY h.rank, h.pos, c.priority DESC, c.run_after, c.id)::text
+SELECT pg_catalog.json_agg(pg_catalog.json_build_array(
+           c.id, c.type, c.queue, c.payload, c.attempts, c.max_attempts, c.lease_seconds,
+           c.idempotency_key, c.priority, c.created_at, c.wait, c.traceparent, c.keyed,
+           c.fair_key, h.pos)
+       ORDER BY h.rank, h.pos, c.priority DESC, c.run_after, c.id)::text
 FROM claimed AS c JOIN chosen AS h ON h.id = c.id
 """)
 
@@ -238,7 +243,7 @@ CLAIM_FAIR = _claim_fair()
 # Planned once, as CLAIM_FAIR (not for each execution's values as CLAIM_MORE_OF_TYPE): planned
 # for its values on a table whose statistics were an empty one's, its key probes read the table
 # whole (tests/integration/test_batch_plans.py); the generic plan follows the index order.
-CLAIM_MORE_FAIR = _claim_fair(" AND j.type = %(type)s")
+CLAIM_MORE_FAIR = _claim_fair(" AND j.type::text = %(type)s::text")
 
 
 def fair_params(queues, fair, cursors):

@@ -29,11 +29,11 @@ WITH resumed AS (
         SET paused = false, changed_at = now(), changed_by = EXCLUDED.changed_by
     RETURNING name
 )
-SELECT pg_notify(%(channel)s, (
+SELECT pg_notify(%(channel)s::text, (
            SELECT count(*) FROM (SELECT 1 FROM dbqueue_job
-                                 WHERE state = 'pending' AND queue = %(name)s
+                                 WHERE state::text = 'pending' AND queue::text = %(name)s::text
                                    AND run_after <= now() LIMIT 1000) AS due
-       ) || ':' || name)
+       )::text || ':' || name::text)
 FROM resumed
 """
 
@@ -46,7 +46,7 @@ def resume_queue(using, *, name, by, channel):
 # The admin's queue page lists a row per configured queue: create the missing ones, unpaused.
 ENSURE_QUEUES = """
 INSERT INTO dbqueue_queue (name, paused, changed_by)
-SELECT name, false, '' FROM unnest(%(names)s::text[]) AS name
+SELECT name, false, '' FROM pg_catalog.unnest(%(names)s::text[]) AS name
 ON CONFLICT (name) DO NOTHING
 """
 
@@ -63,10 +63,10 @@ SELECT 'queue', q.name, q.paused::int, q.changed_at, q.changed_by, NULL::float8
 FROM dbqueue_queue AS q
 UNION ALL
 SELECT 'running-queue', queue, count(*)::int, NULL, NULL, NULL
-FROM dbqueue_job WHERE state = 'running' GROUP BY queue
+FROM dbqueue_job WHERE state::text = 'running' GROUP BY queue
 UNION ALL
 SELECT 'running-type', type, count(*)::int, NULL, NULL, NULL
-FROM dbqueue_job WHERE state = 'running' GROUP BY type
+FROM dbqueue_job WHERE state::text = 'running' GROUP BY type
 """
 
 
@@ -88,8 +88,9 @@ def flow_state(using):
 # (NULL when it has room now). Served by the limiter's unique key.
 RATE_WINDOW = """
 SELECT x.room, x.reopen
-FROM dbqueue_limiter AS l, dbqueue_rate_room(l.starts, %(limit)s, %(period)s) AS x
-WHERE l.scope = %(scope)s AND l.name = %(name)s AND l.part = %(part)s
+FROM dbqueue_limiter AS l, dbqueue_rate_room(l.starts, %(limit)s::int, %(period)s::float8) AS x
+WHERE l.scope::text = %(scope)s::text AND l.name::text = %(name)s::text
+  AND l.part = %(part)s::text
 """
 
 

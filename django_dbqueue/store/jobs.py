@@ -32,7 +32,7 @@ VALUES (
 )
 {conflict}RETURNING id, {wake}{created}
 """
-_SCHEDULED = "COALESCE(%(run_after)s::timestamptz, now() + %(delay)s * interval '1 second')"
+_SCHEDULED = "COALESCE(%(run_after)s::timestamptz, now() + %(delay)s::float8 * interval '1 second')"
 _ON_CONFLICT = "ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING\n"
 _DUE = "run_after <= now()"
 _WANTED = _wakeup_wanted("queue")
@@ -49,8 +49,8 @@ _TRACED = {"trace_column": ", traceparent", "trace_value": ", %(traceparent)s"}
 # that moves a started job back to pending can collide with a newer holder.
 def _unique_held(alias=""):
     return (
-        f"{alias}unique_key IS NOT NULL AND {alias}state IN ('pending', 'waiting', 'running')"
-        f" AND ({alias}unique_while = 'active' OR {alias}started_at IS NULL)"
+        f"{alias}unique_key IS NOT NULL AND {alias}state::text IN ('pending', 'waiting', 'running')"
+        f" AND ({alias}unique_while::text = 'active' OR {alias}started_at IS NULL)"
     )
 
 
@@ -72,8 +72,8 @@ _UNIQUE_DO_NOTHING = _ON_UNIQUE_CONFLICT + "DO NOTHING\n"
 _UNIQUE_DEBOUNCE = (
     _ON_UNIQUE_CONFLICT
     + """DO UPDATE SET run_after = EXCLUDED.run_after, payload = EXCLUDED.payload
-    WHERE dbqueue_job.state = 'pending' AND dbqueue_job.started_at IS NULL
-      AND dbqueue_job.type = EXCLUDED.type
+    WHERE dbqueue_job.state::text = 'pending' AND dbqueue_job.started_at IS NULL
+      AND dbqueue_job.type::text = EXCLUDED.type::text
 """
 )
 _CONFLICTS = {
@@ -181,7 +181,7 @@ def insert_unique_job(using, *, debounce=False, **values):
 # The job holding a unique key now (the one an enqueue that inserted nothing must return).
 # Served by the unique index itself.
 SELECT_UNIQUE_HOLDER = (
-    "SELECT id, type, queue FROM dbqueue_job WHERE unique_key = %(unique_key)s AND "
+    "SELECT id, type, queue FROM dbqueue_job WHERE unique_key::text = %(unique_key)s::text AND "
     + UNIQUE_HELD_SQL
 )
 
@@ -205,10 +205,13 @@ INSERT INTO dbqueue_job (
 SELECT u.type, u.queue, u.payload::jsonb, 'pending', u.priority,
        COALESCE(u.run_after, now() + u.delay * interval '1 second'),
        0, u.max_attempts, u.lease, u.key, '[]'::jsonb, now(), u.serial_key, u.fair_key{trace_value}
-FROM unnest(
-    %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
-    %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
-    %(leases)s::float8[], %(keys)s::text[], %(serial_keys)s::text[], %(fair_keys)s::text[]
+FROM ROWS FROM (
+    pg_catalog.unnest(%(types)s::text[]), pg_catalog.unnest(%(queues)s::text[]),
+    pg_catalog.unnest(%(payloads)s::text[]), pg_catalog.unnest(%(priorities)s::smallint[]),
+    pg_catalog.unnest(%(run_afters)s::timestamptz[]), pg_catalog.unnest(%(delays)s::float8[]),
+    pg_catalog.unnest(%(max_attempts)s::int[]), pg_catalog.unnest(%(leases)s::float8[]),
+    pg_catalog.unnest(%(keys)s::text[]), pg_catalog.unnest(%(serial_keys)s::text[]),
+    pg_catalog.unnest(%(fair_keys)s::text[])
 ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts, lease,
                        key, serial_key, fair_key, ord)
 ORDER BY u.ord
@@ -217,7 +220,7 @@ RETURNING id, idempotency_key, queue, run_after <= now() AS due
 ),
 wanted AS MATERIALIZED ({wanted})
 SELECT i.id, i.idempotency_key, i.queue, CASE WHEN i.due THEN w.wanted END
-FROM inserted AS i LEFT JOIN wanted AS w USING (queue)
+FROM inserted AS i LEFT JOIN wanted AS w ON w.queue = i.queue::text
 """
 INSERT_JOBS = _INSERT_JOBS.format(wanted=WAKEUPS_WANTED, **_UNTRACED)
 INSERT_JOBS_TRACED = _INSERT_JOBS.format(wanted=WAKEUPS_WANTED, **_TRACED)
@@ -266,7 +269,8 @@ def _array_literals(columns):
 
 # Which jobs already hold these idempotency keys (the ones ON CONFLICT skipped).
 SELECT_IDS_BY_KEYS = """
-SELECT idempotency_key, id FROM dbqueue_job WHERE idempotency_key = ANY(%(keys)s::text[])
+SELECT idempotency_key, id FROM dbqueue_job
+WHERE idempotency_key::text = ANY(%(keys)s::text[])
 """
 
 
@@ -278,7 +282,7 @@ def ids_by_keys(using, keys):
 SELECT_TASK_RESULT = """
 SELECT payload::text, state, created_at, started_at, finished_at, errors::text, result::text,
        worker_id, priority, queue
-FROM dbqueue_job WHERE id = %(id)s AND type = %(type)s
+FROM dbqueue_job WHERE id = %(id)s::bigint AND type::text = %(type)s::text
 """
 
 

@@ -19,14 +19,15 @@ from ._db import _commit, _execute, int_array
 # held the worker's only connection, and with it every other lease, until the caller's commit.
 EXTEND_LEASES = """
 WITH commit_mode AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+    SELECT set_config('synchronous_commit'::text,
+                      COALESCE(%(commit)s::text, current_setting('synchronous_commit'::text)),
+                      true)
 ),
 held AS MATERIALIZED (
     SELECT j.id
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+    FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS h(id, token)
     JOIN dbqueue_job AS j ON j.id = h.id AND j.lease_token = h.token
-    WHERE j.state = 'running'
+    WHERE j.state::text = 'running'
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
@@ -40,10 +41,10 @@ renewed AS (
 SELECT id, lease_token, cancelling, true FROM renewed
 UNION ALL
 SELECT h.id, h.token, false, false
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS h(id, token)
 WHERE NOT (h.id = ANY(ARRAY(SELECT id FROM held)))
   AND EXISTS (SELECT 1 FROM dbqueue_job AS v
-              WHERE v.id = h.id AND v.lease_token = h.token AND v.state = 'running')
+              WHERE v.id = h.id AND v.lease_token = h.token AND v.state::text = 'running')
 """
 
 
@@ -85,7 +86,8 @@ def release(using, held):
 
 # Graceful shutdown: hand jobs back without spending the attempt the claim took (jobs never
 # started, and runs still going after the grace: docs/concepts/shutdown.md). Fenced like the
-# rest. A job whose cancel was asked for is not handed back: it ends cancelled (the SET
+# rest. (The count stops at 0: a running row whose attempts were written 0 by hand would make
+# it negative, and the CHECK on attempts would fail the release of every job in the batch.) A job whose cancel was asked for is not handed back: it ends cancelled (the SET
 # expressions read the row's old values).
 # It never waits for a row lock: the rows are locked first with SKIP LOCKED, and one that a
 # caller's transaction holds comes back 'busy' (still this claim's in the statement's snapshot),
@@ -93,31 +95,31 @@ def release(using, held):
 RELEASE_JOBS = """
 WITH mine AS MATERIALIZED (
     SELECT j.id
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
+    FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS r(id, token)
     JOIN dbqueue_job AS j ON j.id = r.id AND j.lease_token = r.token
-    WHERE j.state = 'running'
+    WHERE j.state::text = 'running'
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
 released AS (
     UPDATE dbqueue_job AS j
     SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
-        attempts = CASE WHEN j.cancel_requested_at IS NULL THEN j.attempts - 1
+        attempts = CASE WHEN j.cancel_requested_at IS NULL THEN GREATEST(j.attempts - 1, 0)
                         ELSE j.attempts END,
         finished_at = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
         leased_until = NULL,
         worker_id = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE j.worker_id END,
         lease_token = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE j.lease_token END
     WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
-    RETURNING j.id, j.state
+    RETURNING j.id, j.state::text AS state
 )
 SELECT id, state FROM released
 UNION ALL
 SELECT r.id, 'busy'
-FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS r(id, token)
+FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS r(id, token)
 WHERE NOT (r.id = ANY(ARRAY(SELECT id FROM mine)))
   AND EXISTS (SELECT 1 FROM dbqueue_job AS v
-              WHERE v.id = r.id AND v.lease_token = r.token AND v.state = 'running')
+              WHERE v.id = r.id AND v.lease_token = r.token AND v.state::text = 'running')
 """
 
 
@@ -147,14 +149,15 @@ def release_ending(using, held):
 RELEASE_UNKNOWN_JOBS = """
 WITH mine AS MATERIALIZED (
     SELECT id FROM dbqueue_job
-    WHERE state = 'running' AND worker_id = %(worker)s
+    WHERE state::text = 'running' AND worker_id::text = %(worker)s::text
       AND NOT (lease_token = ANY(%(known)s::bigint[]))
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 released AS (
     UPDATE dbqueue_job
     SET state = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
-        attempts = CASE WHEN cancel_requested_at IS NULL THEN attempts - 1 ELSE attempts END,
+        attempts = CASE WHEN cancel_requested_at IS NULL THEN GREATEST(attempts - 1, 0)
+                        ELSE attempts END,
         finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
         leased_until = NULL, worker_id = NULL, lease_token = NULL
     WHERE id = ANY(ARRAY(SELECT id FROM mine))
@@ -163,7 +166,7 @@ released AS (
 SELECT id, true FROM released
 UNION ALL
 SELECT id, false FROM dbqueue_job
-WHERE state = 'running' AND worker_id = %(worker)s
+WHERE state::text = 'running' AND worker_id::text = %(worker)s::text
   AND NOT (lease_token = ANY(%(known)s::bigint[]))
   AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))
 """
@@ -202,10 +205,11 @@ def release_unknown(using, *, worker, known):
 RESCUE_EXPIRED = """
 WITH expired AS MATERIALIZED (
     SELECT j.id FROM dbqueue_job AS j
-    WHERE j.state = 'running' AND j.leased_until < now()
-      AND ((j.worker_id = %(worker)s::text AND NOT (j.lease_token = ANY(%(known)s::bigint[])))
+    WHERE j.state::text = 'running' AND j.leased_until < now()
+      AND ((j.worker_id::text = %(worker)s::text
+            AND NOT (j.lease_token = ANY(%(known)s::bigint[])))
            OR NOT EXISTS (SELECT 1 FROM dbqueue_worker AS w
-                          WHERE w.worker_id = j.worker_id AND w.stale_at > now()))
+                          WHERE w.worker_id::text = j.worker_id::text AND w.stale_at > now()))
     ORDER BY j.leased_until
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
@@ -217,24 +221,29 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                             OR j.attempts >= j.max_attempts THEN now() END,
     run_after = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
                      THEN j.run_after
-                     ELSE now() + random() * LEAST(%(cap)s, %(base)s * power(%(factor)s,
-                                                   LEAST(GREATEST(j.attempts - 1, 0), 50)))
+                     ELSE now() + random() * LEAST(
+                              %(cap)s::float8,
+                              %(base)s::float8 * power(
+                                  %(factor)s::float8,
+                                  LEAST(GREATEST(j.attempts - 1, 0), 50)::float8))
                                   * interval '1 second' END,
     leased_until = NULL,
     lease_token = NULL,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
+    errors = j.errors || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
         'attempt', j.attempts,
         'class', 'LeaseExpired',
         'message', 'lease expired at ' || j.leased_until::text || ' while held by worker '
-                   || COALESCE(j.worker_id, '?') || '; the worker died, hung or lost the database',
+                   || COALESCE(j.worker_id::text, '?')
+                   || '; the worker died, hung or lost the database',
         'traceback', '',
         'worker', j.worker_id,
         'at', now()))
 FROM expired
 WHERE j.id = expired.id
 RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_by,
-          CASE WHEN j.type = 'django.tasks' AND jsonb_typeof(j.payload -> 'task') = 'string'
-               THEN j.payload ->> 'task' END
+          CASE WHEN j.type::text = 'django.tasks'
+                    AND jsonb_typeof(j.payload -> 'task'::text) = 'string'
+               THEN j.payload ->> 'task'::text END
 """
 
 

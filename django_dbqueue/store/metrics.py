@@ -23,7 +23,7 @@ FROM (
            EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now())) AS oldest
     FROM (SELECT queue, run_after,
                  COALESCE(wait_reason IS NOT NULL AND wait_token = lease_token, false) AS suspended
-          FROM dbqueue_job WHERE state = 'pending') AS pending
+          FROM dbqueue_job WHERE state::text = 'pending') AS pending
     GROUP BY queue
 ) AS p
 CROSS JOIN LATERAL (VALUES ('due', p.due::float8), ('scheduled', p.scheduled::float8),
@@ -33,35 +33,36 @@ UNION ALL
 SELECT 'queue', r.queue, v.label, v.value
 FROM (
     SELECT queue, count(*) AS running, count(*) FILTER (WHERE leased_until < now()) AS stuck
-    FROM dbqueue_job WHERE state = 'running' GROUP BY queue
+    FROM dbqueue_job WHERE state::text = 'running' GROUP BY queue
 ) AS r
 CROSS JOIN LATERAL (VALUES ('running', r.running::float8), ('stuck', r.stuck::float8))
     AS v(label, value)
 UNION ALL
-SELECT 'queue', queue, 'dead', count(*)::float8 FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+SELECT 'queue', queue, 'dead', count(*)::float8
+FROM dbqueue_job WHERE state::text = 'dead' GROUP BY queue
 UNION ALL
 SELECT 'queue', queue, 'waiting', count(*)::float8
-FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
+FROM dbqueue_job WHERE state::text = 'waiting' GROUP BY queue
 UNION ALL
 SELECT 'worker', w.worker_id, v.label, v.value
 FROM (
     SELECT w.worker_id, COALESCE(r.jobs, 0) AS jobs,
            EXTRACT(EPOCH FROM now() - w.heartbeat_at) AS heartbeat_age
     FROM dbqueue_worker AS w
-    LEFT JOIN (SELECT worker_id, count(*) AS jobs FROM dbqueue_job WHERE state = 'running'
-               GROUP BY worker_id) AS r ON r.worker_id = w.worker_id
+    LEFT JOIN (SELECT worker_id, count(*) AS jobs FROM dbqueue_job WHERE state::text = 'running'
+               GROUP BY worker_id) AS r ON r.worker_id::text = w.worker_id::text
     WHERE w.expires_at > now()
 ) AS w
 CROSS JOIN LATERAL (VALUES ('jobs', w.jobs::float8), ('heartbeat_age_seconds',
                                                        w.heartbeat_age::float8)) AS v(label, value)
 UNION ALL
 SELECT 'workers', q.queue, w.host, (count(*) FILTER (WHERE w.stale_at > now()))::float8
-FROM dbqueue_worker AS w CROSS JOIN LATERAL unnest(w.queues) AS q(queue)
+FROM dbqueue_worker AS w CROSS JOIN LATERAL pg_catalog.unnest(w.queues) AS q(queue)
 WHERE w.expires_at > now()
 GROUP BY q.queue, w.host
 UNION ALL
 SELECT 'delivery', 'recorded', 'count', count(*)::float8
-FROM dbqueue_delivery WHERE state = 'recorded'
+FROM dbqueue_delivery WHERE state::text = 'recorded'
 UNION ALL
 SELECT 'queue', name, 'paused_seconds',
        GREATEST(EXTRACT(EPOCH FROM now() - COALESCE(changed_at, now())), 0)::float8

@@ -31,26 +31,27 @@ UPDATE dbqueue_job AS j
 SET state = 'pending', attempts = 0, run_after = now(), finished_at = NULL,
     leased_until = NULL, worker_id = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
     snoozes = 0, wait_reason = NULL, wait_token = NULL,
-    errors = errors || jsonb_build_array(jsonb_build_object(
+    errors = errors || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
         'attempt', attempts,
         'class', 'Requeued',
-        'message', 'requeued from ' || state
-                   || COALESCE(' (cancelled by ' || cancelled_by || ')', '')
-                   || ' after ' || attempts || ' attempt(s); attempts start again at 1',
+        'message', 'requeued from ' || state::text
+                   || COALESCE(' (cancelled by ' || cancelled_by::text || ')', '')
+                   || ' after ' || attempts::text || ' attempt(s); attempts start again at 1',
         'traceback', '',
         'worker', NULL,
         'requeued', true,
         'at', now()))
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('dead', 'cancelled')
-  AND (j.unique_key IS NULL OR NOT (j.unique_while = 'active' OR j.started_at IS NULL)
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state::text IN ('dead', 'cancelled')
+  AND (j.unique_key IS NULL OR NOT (j.unique_while::text = 'active' OR j.started_at IS NULL)
        OR (NOT EXISTS (SELECT 1 FROM dbqueue_job AS o
-                       WHERE o.unique_key = j.unique_key AND """
+                       WHERE o.unique_key::text = j.unique_key::text AND """
     + _unique_held("o.")
     + """)
            AND NOT EXISTS (SELECT 1 FROM dbqueue_job AS p
                            WHERE p.id = ANY(%(ids)s::bigint[]) AND p.id > j.id
-                             AND p.unique_key = j.unique_key AND p.state IN ('dead', 'cancelled')
-                             AND (p.unique_while = 'active' OR p.started_at IS NULL))))
+                             AND p.unique_key::text = j.unique_key::text
+                             AND p.state::text IN ('dead', 'cancelled')
+                             AND (p.unique_while::text = 'active' OR p.started_at IS NULL))))
 RETURNING j.id, j.queue
 """
 )
@@ -79,10 +80,10 @@ REQUEUE_BLOCKED_BY_UNIQUE = (
     """
 SELECT j.id, j.unique_key, o.id, o.state
 FROM dbqueue_job AS j JOIN dbqueue_job AS o
-  ON o.unique_key = j.unique_key AND o.id <> j.id AND """
+  ON o.unique_key::text = j.unique_key::text AND o.id <> j.id AND """
     + _unique_held("o.")
     + """
-WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('dead', 'cancelled')
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state::text IN ('dead', 'cancelled')
   AND j.unique_key IS NOT NULL
 ORDER BY j.id
 """
@@ -98,7 +99,7 @@ def requeue_blocked(using, ids):
 # Pending but scheduled for later -> due now.
 RUN_JOBS_NOW = """
 UPDATE dbqueue_job SET run_after = now()
-WHERE id = ANY(%(ids)s::bigint[]) AND state = 'pending' AND run_after > now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state::text = 'pending' AND run_after > now()
 RETURNING id, queue
 """
 
@@ -134,13 +135,13 @@ WITH moved AS (
     UPDATE dbqueue_job AS j
     SET state = 'cancelled', finished_at = now(), waiting_on = 0,
         cancel_requested_at = now(), cancelled_by = %(by)s
-    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('pending', 'waiting')
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state::text IN ('pending', 'waiting')
     RETURNING j.id
 ),
 requested AS (
     INSERT INTO dbqueue_cancel_at_commit (job_id, cancelled_by)
     SELECT j.id, %(by)s FROM dbqueue_job AS j
-    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state IN ('pending', 'waiting', 'running')
+    WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state::text IN ('pending', 'waiting', 'running')
       AND j.id NOT IN (SELECT id FROM moved)
     ORDER BY j.id
     RETURNING job_id
@@ -171,7 +172,7 @@ def request_cancel(using, ids, *, by=None):
 DELETE_FINISHED_JOBS = """
 WITH deleted AS (
     DELETE FROM dbqueue_job
-    WHERE id = ANY(%(ids)s::bigint[]) AND state IN ('done', 'dead', 'cancelled')
+    WHERE id = ANY(%(ids)s::bigint[]) AND state::text IN ('done', 'dead', 'cancelled')
       AND (%(before)s::timestamptz IS NULL OR finished_at <= %(before)s::timestamptz)
     RETURNING id
 ),
@@ -200,9 +201,9 @@ def delete_finished(using, ids, *, finished_before=None):
 # large set in bounded batches.
 SELECT_DEAD_IDS = """
 SELECT id FROM dbqueue_job
-WHERE state = 'dead' AND id > %(after)s
-  AND (%(type)s::text IS NULL OR type = %(type)s)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+WHERE state::text = 'dead' AND id > %(after)s::bigint
+  AND (%(type)s::text IS NULL OR type::text = %(type)s::text)
+  AND (%(queue)s::text IS NULL OR queue::text = %(queue)s::text)
 ORDER BY id
 LIMIT %(limit)s
 """
@@ -215,9 +216,9 @@ def dead_ids(using, *, after=0, job_type=None, queue=None, limit=1000):
 
 COUNT_DEAD = """
 SELECT count(*) FROM dbqueue_job
-WHERE state = 'dead'
-  AND (%(type)s::text IS NULL OR type = %(type)s)
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+WHERE state::text = 'dead'
+  AND (%(type)s::text IS NULL OR type::text = %(type)s::text)
+  AND (%(queue)s::text IS NULL OR queue::text = %(queue)s::text)
 """
 
 
@@ -233,7 +234,8 @@ WITH deleted AS (
     DELETE FROM dbqueue_job
     WHERE id IN (
         SELECT id FROM dbqueue_job
-        WHERE state = %(state)s AND finished_at < now() - %(age)s * interval '1 second'
+        WHERE state::text = %(state)s::text
+          AND finished_at < now() - %(age)s::float8 * interval '1 second'
         ORDER BY finished_at
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
@@ -280,16 +282,16 @@ STATUS_COUNTS = """
 SELECT queue, 'pending' AS state, count(*), 0 AS stuck,
        EXTRACT(EPOCH FROM now() - min(run_after) FILTER (WHERE run_after <= now())) AS oldest_due,
        count(*) FILTER (WHERE run_after > now()) AS scheduled
-FROM dbqueue_job WHERE state = 'pending' GROUP BY queue
+FROM dbqueue_job WHERE state::text = 'pending' GROUP BY queue
 UNION ALL
 SELECT queue, 'running', count(*), count(*) FILTER (WHERE leased_until < now()), NULL, 0
-FROM dbqueue_job WHERE state = 'running' GROUP BY queue
+FROM dbqueue_job WHERE state::text = 'running' GROUP BY queue
 UNION ALL
 SELECT queue, 'dead', count(*), 0, NULL, 0
-FROM dbqueue_job WHERE state = 'dead' GROUP BY queue
+FROM dbqueue_job WHERE state::text = 'dead' GROUP BY queue
 UNION ALL
 SELECT queue, 'waiting', count(*), 0, NULL, 0
-FROM dbqueue_job WHERE state = 'waiting' GROUP BY queue
+FROM dbqueue_job WHERE state::text = 'waiting' GROUP BY queue
 ORDER BY 1, 2
 """
 
@@ -319,9 +321,9 @@ def status(using, queues=()):
 JOB_STATUS = f"""
 SELECT id, type, queue, state, attempts, max_attempts, {time_columns("run_after")}, worker_id,
        (errors -> -1)::text AS last_error, snoozes,
-       CASE WHEN state = 'pending' AND wait_token = lease_token THEN wait_reason END,
+       CASE WHEN state::text = 'pending' AND wait_token = lease_token THEN wait_reason END,
        event_id, (SELECT e.name FROM dbqueue_event AS e WHERE e.id = event_id)
-FROM dbqueue_job WHERE id = %(job)s
+FROM dbqueue_job WHERE id = %(job)s::bigint
 """
 JOB_STATUS_FIELDS = (
     "id",
@@ -368,10 +370,10 @@ JOB_STEPS = f"""
 SELECT t.total, s.name, s.occurrence, s.attempt, {time_columns("s.finished_at")},
        CASE WHEN %(chars)s::integer IS NULL THEN s.result::text
             ELSE left(s.result::text, %(chars)s::integer) END
-FROM (SELECT count(*) AS total FROM dbqueue_step WHERE job_id = %(job)s) AS t
+FROM (SELECT count(*) AS total FROM dbqueue_step WHERE job_id = %(job)s::bigint) AS t
 LEFT JOIN LATERAL (
     SELECT id, name, occurrence, attempt, finished_at, result FROM dbqueue_step
-    WHERE job_id = %(job)s ORDER BY id LIMIT %(limit)s
+    WHERE job_id = %(job)s::bigint ORDER BY id LIMIT %(limit)s
 ) AS s ON true
 ORDER BY s.id
 """

@@ -29,7 +29,8 @@ def ensure_schedule(using, name):
 # One worker at a time ticks an entry: the others skip the locked row instead of waiting, and the
 # tick's idempotency key still makes one job should two ever compute the same tick.
 LOCK_SCHEDULE = """
-SELECT last_tick, now() FROM dbqueue_schedule WHERE name = %(name)s FOR UPDATE SKIP LOCKED
+SELECT last_tick, now() FROM dbqueue_schedule WHERE name::text = %(name)s::text
+FOR UPDATE SKIP LOCKED
 """
 
 
@@ -44,8 +45,9 @@ def lock_schedule(using, name):
 # last_enqueued: the tick of the newest job enqueued (NULL: this pass enqueued none, keep it).
 ADVANCE_SCHEDULE = """
 UPDATE dbqueue_schedule
-SET last_tick = %(tick)s, last_enqueued = COALESCE(%(enqueued)s, last_enqueued), updated_at = now()
-WHERE name = %(name)s
+SET last_tick = %(tick)s, last_enqueued = COALESCE(%(enqueued)s::timestamptz, last_enqueued),
+    updated_at = now()
+WHERE name::text = %(name)s::text
 """
 
 
@@ -109,7 +111,7 @@ def schedule_state(using):
 # skipped: the edit enqueues what came due under the old definition itself.
 LOCK_SCHEDULE_ENTRY = f"""
 SELECT {_ENTRY_COLUMNS}, now()
-FROM dbqueue_schedule_entry AS e WHERE e.id = %(id)s AND e.enabled FOR UPDATE SKIP LOCKED
+FROM dbqueue_schedule_entry AS e WHERE e.id = %(id)s::bigint AND e.enabled FOR UPDATE SKIP LOCKED
 """
 
 
@@ -128,7 +130,7 @@ def lock_schedule_entry(using, entry_id):
 # the worker already passed.
 LOCK_SCHEDULE_ENTRY_FOR_EDIT = f"""
 SELECT {_ENTRY_COLUMNS}, statement_timestamp(), e.enabled
-FROM dbqueue_schedule_entry AS e WHERE e.id = %(id)s FOR UPDATE
+FROM dbqueue_schedule_entry AS e WHERE e.id = %(id)s::bigint FOR UPDATE
 """
 
 
@@ -143,8 +145,8 @@ def lock_schedule_entry_for_edit(using, entry_id):
 
 ADVANCE_SCHEDULE_ENTRY = """
 UPDATE dbqueue_schedule_entry
-SET last_tick = %(tick)s, last_enqueued = COALESCE(%(enqueued)s, last_enqueued)
-WHERE id = %(id)s
+SET last_tick = %(tick)s, last_enqueued = COALESCE(%(enqueued)s::timestamptz, last_enqueued)
+WHERE id = %(id)s::bigint
 """
 
 

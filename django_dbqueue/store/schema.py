@@ -9,7 +9,7 @@ from ._db import _execute
 # Which of the package's tables the database lacks (never migrated, or migrated elsewhere):
 # to_regclass() is NULL for a name that resolves to no relation on the search path.
 MISSING_TABLES = """
-SELECT name FROM unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL
+SELECT name FROM pg_catalog.unnest(%(tables)s::text[]) AS name WHERE to_regclass(name) IS NULL
 """
 
 
@@ -24,7 +24,7 @@ def missing_tables(using, tables, *, after_error=False):
 # Which migrations of an app the database recorded as applied (Django's own table): asked only
 # after a statement failed on a missing column or function, to name the migrations to apply.
 APPLIED_MIGRATIONS = """
-SELECT name FROM django_migrations WHERE app = %(app)s
+SELECT name FROM django_migrations WHERE app::text = %(app)s::text
 """
 
 

@@ -5,7 +5,7 @@ from ._db import _execute
 
 # Every finished step of a job, as (name, occurrence, result as JSON text or NULL).
 LOAD_STEPS = """
-SELECT name, occurrence, result::text FROM dbqueue_step WHERE job_id = %(job)s
+SELECT name, occurrence, result::text FROM dbqueue_step WHERE job_id = %(job)s::bigint
 """
 
 
@@ -20,7 +20,7 @@ def load_steps(using, job_id):
 LOAD_HELD_STEPS = """
 SELECT s.name, s.occurrence, s.result::text
 FROM dbqueue_job AS j LEFT JOIN dbqueue_step AS s ON s.job_id = j.id
-WHERE j.id = %(job)s AND j.lease_token = %(token)s AND j.state = 'running'
+WHERE j.id = %(job)s::bigint AND j.lease_token = %(token)s::bigint AND j.state::text = 'running'
 """
 
 
@@ -46,7 +46,7 @@ def load_held_steps(using, job_id, token):
 SAVE_STEP = """
 WITH held AS (
     SELECT 1 FROM dbqueue_job
-    WHERE id = %(job)s AND lease_token = %(token)s AND state = 'running'
+    WHERE id = %(job)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
     FOR KEY SHARE
 ),
 inserted AS (
@@ -59,7 +59,8 @@ inserted AS (
 SELECT result, true FROM inserted
 UNION ALL
 SELECT s.result::text, false FROM dbqueue_step AS s, held
-WHERE s.job_id = %(job)s AND s.name = %(name)s AND s.occurrence = %(occurrence)s
+WHERE s.job_id = %(job)s::bigint AND s.name::text = %(name)s::text
+  AND s.occurrence = %(occurrence)s::int
   AND NOT EXISTS (SELECT 1 FROM inserted)
 """
 
@@ -82,7 +83,7 @@ def save_step(using, *, job_id, token, name, occurrence, result, attempt):
 # A job's steps, for the admin and jobqueue_status --job: oldest first.
 LIST_STEPS = """
 SELECT name, occurrence, attempt, finished_at, result::text
-FROM dbqueue_step WHERE job_id = %(job)s ORDER BY id
+FROM dbqueue_step WHERE job_id = %(job)s::bigint ORDER BY id
 """
 
 
@@ -106,8 +107,9 @@ def db_now(using):
 READ_SIGNAL = """
 SELECT s.payload::text, s.id IS NOT NULL, j.signal_seq, now()
 FROM dbqueue_job AS j
-LEFT JOIN dbqueue_signal AS s ON s.job_id = j.id AND s.name = %(name)s AND s.seq = %(seq)s
-WHERE j.id = %(job)s
+LEFT JOIN dbqueue_signal AS s
+    ON s.job_id = j.id AND s.name::text = %(name)s::text AND s.seq = %(seq)s::int
+WHERE j.id = %(job)s::bigint
 """
 
 
@@ -128,16 +130,19 @@ def read_signal(using, *, job_id, name, seq):
 # trigger dbqueue_apply_signal (migration 0023): signal_seq + 1, and due now when it waits for
 # a signal of that name. Holding the row from here would stall the heartbeat of the worker
 # running the job until the sender commits.
-SIGNAL_LOCK = "SELECT pg_advisory_xact_lock(1684173108, mod(%(job)s, 2147483647)::int)"
+SIGNAL_LOCK = (
+    "SELECT pg_advisory_xact_lock(1684173108, mod(%(job)s::bigint, 2147483647::bigint)::int)"
+)
 SIGNAL_TARGET = """
-SELECT queue FROM dbqueue_job WHERE id = %(job)s AND state NOT IN ('done', 'dead', 'cancelled')
+SELECT queue FROM dbqueue_job
+WHERE id = %(job)s::bigint AND state::text NOT IN ('done', 'dead', 'cancelled')
 """
 
 INSERT_SIGNAL = """
 INSERT INTO dbqueue_signal (job_id, name, seq, payload, created_at)
 SELECT %(job)s, %(name)s,
-       COALESCE((SELECT max(seq) FROM dbqueue_signal WHERE job_id = %(job)s AND name = %(name)s),
-                0) + 1,
+       COALESCE((SELECT max(seq) FROM dbqueue_signal
+                 WHERE job_id = %(job)s::bigint AND name::text = %(name)s::text), 0) + 1,
        %(payload)s::jsonb, now()
 RETURNING seq
 """

@@ -31,9 +31,9 @@ SELECT id, type, queue, payload::text, state, priority, run_after, attempts, max
        idempotency_key, created_at, errors::text, result::text, wait_reason, event_id,
        worker_id
 FROM dbqueue_job
-WHERE state = ANY(%(states)s::text[])
-  AND (%(types)s::text[] IS NULL OR type = ANY(%(types)s::text[]))
-  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+WHERE state::text = ANY(%(states)s::text[])
+  AND (%(types)s::text[] IS NULL OR type::text = ANY(%(types)s::text[]))
+  AND (%(queues)s::text[] IS NULL OR queue::text = ANY(%(queues)s::text[]))
   AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
 ORDER BY id
 LIMIT %(limit)s
@@ -67,7 +67,7 @@ def find_jobs(using, *, states, types=None, queues=None, ids=None, limit=None):
 # - the start times a rate limit counts (dbqueue_limiter.starts), and an event's published_at.
 # Delivery records keep their times: a recording's updated_at is the fence of its settle.
 ADVANCE_CLOCK = """
-WITH by AS MATERIALIZED (SELECT make_interval(secs => %(seconds)s::float8) AS d),
+WITH by AS MATERIALIZED (SELECT pg_catalog.make_interval(secs => %(seconds)s::float8) AS d),
 jobs AS (
     UPDATE dbqueue_job AS j
     SET run_after = CASE WHEN j.run_after >= '9999-01-01'::timestamptz THEN j.run_after
@@ -84,11 +84,13 @@ waits AS (
     UPDATE dbqueue_step AS s
     SET finished_at = s.finished_at - by.d,
         result = CASE
-            WHEN s.name LIKE 'sleep:%%' AND s.result ? 'until'
-            THEN jsonb_set(s.result, '{until}', to_jsonb((s.result->>'until')::timestamptz - by.d))
-            WHEN s.name LIKE 'signal:%%' AND jsonb_typeof(s.result->'deadline') = 'string'
-            THEN jsonb_set(s.result, '{deadline}',
-                           to_jsonb((s.result->>'deadline')::timestamptz - by.d))
+            WHEN s.name::text LIKE 'sleep:%%' AND s.result ? 'until'::text
+            THEN jsonb_set(s.result, '{until}'::text[],
+                           pg_catalog.to_jsonb((s.result->>'until'::text)::timestamptz - by.d))
+            WHEN s.name::text LIKE 'signal:%%'
+                 AND jsonb_typeof(s.result->'deadline'::text) = 'string'
+            THEN jsonb_set(s.result, '{deadline}'::text[],
+                           pg_catalog.to_jsonb((s.result->>'deadline'::text)::timestamptz - by.d))
             ELSE s.result END
     FROM by
     RETURNING 1
@@ -111,7 +113,8 @@ stored_entries AS (
 ),
 limiters AS (
     UPDATE dbqueue_limiter AS l
-    SET starts = ARRAY(SELECT s - by.d FROM unnest(l.starts) AS s), updated_at = l.updated_at - by.d
+    SET starts = ARRAY(SELECT s - by.d FROM pg_catalog.unnest(l.starts) AS s),
+        updated_at = l.updated_at - by.d
     FROM by
     RETURNING 1
 ),
@@ -139,8 +142,8 @@ def advance_clock(using, seconds):
 HOLD_OTHER_TYPES = """
 UPDATE dbqueue_job
 SET run_after = run_after + interval '1000 years'
-WHERE state = 'pending' AND queue = ANY(%(queues)s::text[]) AND type <> ALL(%(types)s::text[])
-  AND run_after <= now()
+WHERE state::text = 'pending' AND queue::text = ANY(%(queues)s::text[])
+  AND type::text <> ALL(%(types)s::text[]) AND run_after <= now()
 RETURNING id, run_after - interval '1000 years'
 """
 
@@ -156,7 +159,8 @@ def hold_other_types(using, *, queues, types):
 RELEASE_HELD = """
 UPDATE dbqueue_job AS j
 SET run_after = h.run_after
-FROM unnest(%(ids)s::bigint[], %(run_afters)s::timestamptz[]) AS h(id, run_after)
+FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]),
+                pg_catalog.unnest(%(run_afters)s::timestamptz[])) AS h(id, run_after)
 WHERE j.id = h.id AND j.run_after = h.run_after + interval '1000 years'
 RETURNING j.id
 """
@@ -189,7 +193,7 @@ APPLY_AT_COMMIT = (
 DEFER_AT_COMMIT = (
     "SET CONSTRAINTS dbqueue_apply_signal, dbqueue_apply_link, dbqueue_apply_cancel DEFERRED"
 )
-END_SERIAL_TURNS = "SELECT set_config('dbqueue.serial_turns', '', true)"
+END_SERIAL_TURNS = "SELECT set_config('dbqueue.serial_turns'::text, ''::text, true)"
 
 
 def apply_at_commit(using):

@@ -20,7 +20,7 @@ ENQUEUING_LOCK = 0x64627132
 
 
 def _wakeup_wanted(queue):
-    key = f"hashtext({queue})"
+    key = f"hashtext({queue}::text)"
     look = f"pg_try_advisory_lock({WAITING_LOCK}, {key})"
     done = f"pg_advisory_unlock({WAITING_LOCK}, {key})"
     return (
@@ -30,10 +30,12 @@ def _wakeup_wanted(queue):
     )
 
 
-# The same once per queue of a batch (enqueue_many, a workflow), from its inserted rows.
+# The same once per queue of a batch (enqueue_many, a workflow), from its inserted rows. Each
+# queue as text: join it to the rows with ``w.queue = i.queue::text`` (USING (queue) would compare
+# a text with a varchar, an operator pg_catalog has no exact one of).
 WAKEUPS_WANTED = f"""
 SELECT q.queue, {_wakeup_wanted("q.queue")} AS wanted
-FROM (SELECT DISTINCT queue FROM inserted) AS q
+FROM (SELECT DISTINCT queue::text AS queue FROM inserted) AS q
 """
 
 # One notification per payload, as a transaction of its own after the jobs' commit, with
@@ -41,13 +43,14 @@ FROM (SELECT DISTINCT queue FROM inserted) AS q
 # microseconds, not through a WAL flush (a crash loses a wake-up; the poll finds the job). Never
 # inside the caller's transaction: it would turn off synchronous commit for their writes.
 NOTIFY = """
-SELECT pg_notify(%(channel)s, payload), set_config('synchronous_commit', 'off', true)
-FROM unnest(%(payloads)s::text[]) AS payload
+SELECT pg_notify(%(channel)s::text, payload),
+       set_config('synchronous_commit'::text, 'off'::text, true)
+FROM pg_catalog.unnest(%(payloads)s::text[]) AS payload
 """
 
 # Inside a transaction the caller commits by hand (no on_commit there): delivered at their commit.
 NOTIFY_AT_COMMIT = """
-SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payload
+SELECT pg_notify(%(channel)s::text, payload) FROM pg_catalog.unnest(%(payloads)s::text[]) AS payload
 """
 
 # Naming the workers (migration 0014): dbqueue_wake picks held slots at random, one more than the
@@ -56,39 +59,45 @@ SELECT pg_notify(%(channel)s, payload) FROM unnest(%(payloads)s::text[]) AS payl
 # slots of the statement's instant are not the commit's).
 WAKEUP_SLOTS = 256  # a waiter beyond them holds none and acts on every wake-up
 NOTIFY_NAMED = f"""
-SELECT dbqueue_wake(%(channel)s, payload, {WAKEUP_SLOTS}),
-       set_config('synchronous_commit', 'off', true)
-FROM unnest(%(payloads)s::text[]) AS payload
+SELECT dbqueue_wake(%(channel)s::text, payload, {WAKEUP_SLOTS}::int),
+       set_config('synchronous_commit'::text, 'off'::text, true)
+FROM pg_catalog.unnest(%(payloads)s::text[]) AS payload
 """
 
 # A waiting worker with a free thread takes the lowest free slot of each queue (NULL: all held)
 # and LISTENs on its channel instead of the one it listened on (%(listened)s); it gives them back
 # when every thread is busy, or with its other locks when it stops waiting.
 TAKE_SLOTS = (
-    f"SELECT dbqueue_take_slots(%(channel)s, %(queues)s::text[], {WAKEUP_SLOTS}, "
+    f"SELECT dbqueue_take_slots(%(channel)s::text, %(queues)s::text[], {WAKEUP_SLOTS}::int, "
     "%(listened)s::int[])"
 )
 GIVE_SLOTS = """
-SELECT count(pg_advisory_unlock(hashtextextended(%(channel)s || ':' || q, s))::text)
-FROM unnest(%(queues)s::text[], %(slots)s::int[]) AS given (q, s)
+SELECT pg_catalog.count(
+           pg_advisory_unlock(hashtextextended(%(channel)s::text || ':' || q, s::bigint))::text)
+FROM ROWS FROM (pg_catalog.unnest(%(queues)s::text[]), pg_catalog.unnest(%(slots)s::int[]))
+    AS given (q, s)
 """
 
 # A worker starts waiting: WAITING shared at session level, one per queue. lock_timeout (per lock)
 # bounds the wait; locks taken before a timeout stay taken, and STOP_WAITING drops every count.
 START_WAITING = f"""
-WITH timeout AS MATERIALIZED (SELECT set_config('lock_timeout', %(timeout)s, true))
-SELECT count(pg_advisory_lock_shared({WAITING_LOCK}, hashtext(q))::text)
-FROM timeout, unnest(%(queues)s::text[]) AS q
+WITH timeout AS MATERIALIZED (
+    SELECT set_config('lock_timeout'::text, %(timeout)s::text, true)
+)
+SELECT pg_catalog.count(pg_advisory_lock_shared({WAITING_LOCK}, hashtext(q))::text)
+FROM timeout, pg_catalog.unnest(%(queues)s::text[]) AS q
 """
 
 # Then, before its next claim: ENQUEUING exclusively for an instant per queue waits for the
 # enqueues that found nobody and have not ended (a finite set: later ones find the worker at
 # step 1), so that the claim sees their jobs. lock_timeout bounds it; the worker tries again.
 AWAIT_ENQUEUERS = f"""
-WITH timeout AS MATERIALIZED (SELECT set_config('lock_timeout', %(timeout)s, true))
-SELECT count(CASE WHEN pg_advisory_lock({ENQUEUING_LOCK}, hashtext(q))::text IS NOT NULL
-                  THEN pg_advisory_unlock({ENQUEUING_LOCK}, hashtext(q)) END)
-FROM timeout, unnest(%(queues)s::text[]) AS q
+WITH timeout AS MATERIALIZED (
+    SELECT set_config('lock_timeout'::text, %(timeout)s::text, true)
+)
+SELECT pg_catalog.count(CASE WHEN pg_advisory_lock({ENQUEUING_LOCK}, hashtext(q))::text IS NOT NULL
+                             THEN pg_advisory_unlock({ENQUEUING_LOCK}, hashtext(q)) END)
+FROM timeout, pg_catalog.unnest(%(queues)s::text[]) AS q
 """
 
 # A worker stops waiting (a full claim): all of its session's advisory locks are these.

@@ -12,15 +12,17 @@ from ._db import _commit, _execute, text_array
 # compare them with now().
 ANNOUNCE_WORKER = """
 WITH commit_mode AS MATERIALIZED (
-    SELECT set_config('synchronous_commit',
-                      COALESCE(%(commit)s, current_setting('synchronous_commit')), true)
+    SELECT set_config('synchronous_commit'::text,
+                      COALESCE(%(commit)s::text, current_setting('synchronous_commit'::text)),
+                      true)
 )
 INSERT INTO dbqueue_worker AS w (worker_id, host, pid, version, queues, concurrency, execution,
                                  group_pid, state, started_at, heartbeat_at, stale_at,
                                  expires_at, running)
 SELECT %(worker)s, %(host)s, %(pid)s, %(version)s, %(queues)s::text[], %(concurrency)s,
        %(execution)s, %(group_pid)s, %(state)s, now(), now(),
-       now() + %(stale)s * interval '1 second', now() + %(expire)s * interval '1 second',
+       now() + %(stale)s::float8 * interval '1 second',
+       now() + %(expire)s::float8 * interval '1 second',
        %(running)s
 FROM commit_mode
 ON CONFLICT (worker_id) DO UPDATE
@@ -67,7 +69,9 @@ def announce_worker(
 
 
 # A clean stop: the worker is gone at once.
-WITHDRAW_WORKER = "DELETE FROM dbqueue_worker WHERE worker_id = %(worker)s RETURNING worker_id"
+WITHDRAW_WORKER = (
+    "DELETE FROM dbqueue_worker WHERE worker_id::text = %(worker)s::text RETURNING worker_id"
+)
 
 
 def withdraw_worker(db, worker):
@@ -100,8 +104,8 @@ SELECT w.worker_id, w.host, w.pid, w.version, w.queues, w.concurrency, w.executi
        w.state, w.started_at, w.heartbeat_at, w.stale_at < now(),
        EXTRACT(EPOCH FROM now() - w.heartbeat_at)::float8, w.running, COALESCE(r.jobs, 0)
 FROM dbqueue_worker AS w
-LEFT JOIN (SELECT worker_id, count(*) AS jobs FROM dbqueue_job WHERE state = 'running'
-           GROUP BY worker_id) AS r ON r.worker_id = w.worker_id
+LEFT JOIN (SELECT worker_id, count(*) AS jobs FROM dbqueue_job WHERE state::text = 'running'
+           GROUP BY worker_id) AS r ON r.worker_id::text = w.worker_id::text
 WHERE w.expires_at > now()
 ORDER BY w.host, w.started_at, w.worker_id
 LIMIT %(limit)s

@@ -31,23 +31,26 @@ WITH existing AS MATERIALIZED (
     SELECT id, state FROM dbqueue_job WHERE id = ANY(%(existing)s::bigint[])
 ),
 accepted AS MATERIALIZED (
-    SELECT count(*) = cardinality(%(existing)s::bigint[])
-           AND NOT bool_or(state IN ('dead', 'cancelled')) IS TRUE AS ok
+    SELECT count(*) = pg_catalog.cardinality(%(existing)s::bigint[])
+           AND NOT bool_or(state::text IN ('dead', 'cancelled')) IS TRUE AS ok
     FROM existing
 ),
 ids AS MATERIALIZED (
-    SELECT ord, nextval(pg_get_serial_sequence('dbqueue_job', 'id')) AS id
-    FROM generate_series(1, cardinality(%(types)s::text[])) AS ord
+    SELECT ord, nextval(pg_get_serial_sequence('dbqueue_job'::text, 'id'::text)::regclass) AS id
+    FROM generate_series(1, pg_catalog.cardinality(%(types)s::text[])) AS ord
     WHERE (SELECT ok FROM accepted)
 ),
 edges AS MATERIALIZED (
     SELECT e.job_ord, e.dep_ord, e.dep_id, e.run_on_failure
-    FROM unnest(%(edge_jobs)s::int[], %(edge_dep_ords)s::int[], %(edge_dep_ids)s::bigint[],
-                %(edge_runs)s::boolean[]) AS e(job_ord, dep_ord, dep_id, run_on_failure)
+    FROM ROWS FROM (pg_catalog.unnest(%(edge_jobs)s::int[]),
+                    pg_catalog.unnest(%(edge_dep_ords)s::int[]),
+                    pg_catalog.unnest(%(edge_dep_ids)s::bigint[]),
+                    pg_catalog.unnest(%(edge_runs)s::boolean[]))
+        AS e(job_ord, dep_ord, dep_id, run_on_failure)
 ),
 counts AS MATERIALIZED (
     SELECT e.job_ord,
-           count(*) FILTER (WHERE e.dep_ord IS NOT NULL OR x.state <> 'done') AS waiting_on
+           count(*) FILTER (WHERE e.dep_ord IS NOT NULL OR x.state::text <> 'done') AS waiting_on
     FROM edges AS e LEFT JOIN existing AS x ON x.id = e.dep_id
     GROUP BY e.job_ord
 ),
@@ -62,13 +65,15 @@ inserted AS (
            u.priority, COALESCE(u.run_after, now() + u.delay * interval '1 second'),
            0, u.max_attempts, u.lease, NULL, '[]'::jsonb, now(), %(traceparent)s,
            COALESCE(c.waiting_on, 0),
-           (SELECT array_agg(w.id ORDER BY w.id)
+           (SELECT pg_catalog.array_agg(w.id ORDER BY w.id)
             FROM edges AS d JOIN ids AS w ON w.ord = d.job_ord WHERE d.dep_ord = u.ord),
            u.serial_key, u.fair_key
-    FROM unnest(
-        %(types)s::text[], %(queues)s::text[], %(payloads)s::text[], %(priorities)s::smallint[],
-        %(run_afters)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::int[],
-        %(leases)s::float8[], %(serial_keys)s::text[], %(fair_keys)s::text[]
+    FROM ROWS FROM (
+        pg_catalog.unnest(%(types)s::text[]), pg_catalog.unnest(%(queues)s::text[]),
+        pg_catalog.unnest(%(payloads)s::text[]), pg_catalog.unnest(%(priorities)s::smallint[]),
+        pg_catalog.unnest(%(run_afters)s::timestamptz[]), pg_catalog.unnest(%(delays)s::float8[]),
+        pg_catalog.unnest(%(max_attempts)s::int[]), pg_catalog.unnest(%(leases)s::float8[]),
+        pg_catalog.unnest(%(serial_keys)s::text[]), pg_catalog.unnest(%(fair_keys)s::text[])
     ) WITH ORDINALITY AS u(type, queue, payload, priority, run_after, delay, max_attempts,
                            lease, serial_key, fair_key, ord)
     JOIN ids AS i ON i.ord = u.ord
@@ -90,9 +95,9 @@ at_commit AS (
     RETURNING 1
 ),
 wanted AS MATERIALIZED ({wanted})
-SELECT 'job', i.id, i.state, i.queue, CASE WHEN i.state = 'pending' THEN w.wanted END,
+SELECT 'job', i.id, i.state, i.queue, CASE WHEN i.state::text = 'pending' THEN w.wanted END,
        (SELECT count(*) FROM linked) + (SELECT count(*) FROM at_commit)
-FROM inserted AS i LEFT JOIN wanted AS w USING (queue)
+FROM inserted AS i LEFT JOIN wanted AS w ON w.queue = i.queue::text
 UNION ALL
 SELECT 'dependency', id, state, NULL, NULL, 0 FROM existing
 """.replace("{wanted}", WAKEUPS_WANTED)  # (the text has braces of its own)

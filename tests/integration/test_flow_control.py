@@ -556,7 +556,7 @@ def test_unkeyed_claim_keeps_its_index_and_its_estimate():
     # charged in full to every backlog row, which pushed big backlogs' claims into JIT).
     without = claiming.CLAIM_JOBS.replace(
         "AND (j.serial_key IS NULL\n"
-        "               OR (%(threads)s > 0 AND dbqueue_serial_turn(j.serial_key, j.id)))",
+        "               OR (%(threads)s::int > 0 AND dbqueue_serial_turn(j.serial_key::text, j.id)))",
         "",
     )
     assert without != claiming.CLAIM_JOBS

@@ -149,8 +149,14 @@ def nested(depth):
     return value
 
 
-payloads_strategy = st.dictionaries(
-    keys, values | st.integers(96, 104).map(nested) | st.just({}) | st.just([]), max_size=4
+# Every JSON value enqueue() takes as a payload, not objects only: a list, a string, a number,
+# a boolean, None (the empty object to both doors), each nested to the limit too.
+payloads_strategy = (
+    st.dictionaries(
+        keys, values | st.integers(96, 104).map(nested) | st.just({}) | st.just([]), max_size=4
+    )
+    | values
+    | st.integers(98, 102).map(nested)
 )
 
 
@@ -162,6 +168,13 @@ payloads_strategy = st.dictionaries(
 @hypothesis.example({"a": 1e16})
 @hypothesis.example({"a": -0.0})
 @hypothesis.example({"a": 9999999999999998.0})
+@hypothesis.example([1, "x"])
+@hypothesis.example(nested(100))
+@hypothesis.example(nested(101))
+@hypothesis.example(10**4300)
+@hypothesis.example(0.1)
+@hypothesis.example("text")
+@hypothesis.example(None)
 @given(payloads_strategy)
 def test_both_doors_give_one_verdict_and_one_row_for_a_python_value(value):
     with any_int_digits():
