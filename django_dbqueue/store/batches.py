@@ -2,8 +2,8 @@
 (docs/batches.md). Only a worker whose claim returned a job of a batch type runs it; the plain
 claim (store/claiming.py) is not changed by batch handlers."""
 
-from . import fair as fair_claim
 from ._db import _commit, claimed_cte, int_array, text_array
+from .fair import CLAIM_MORE_FAIR
 
 # More jobs of one batch type from one queue, under the claim's lease token, so that a batch
 # handler gets up to its batch_size per call rather than what one claim's free slots held.
@@ -64,7 +64,7 @@ def claim_more_statement(
     }
     if fair_cursor is None:
         return CLAIM_MORE_OF_TYPE, params
-    return fair_claim.CLAIM_MORE_FAIR, {
+    return CLAIM_MORE_FAIR, {
         **params,
         "queues": text_array([queue]),
         "limits": int_array([limit]),

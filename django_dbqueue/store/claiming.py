@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from .. import decoding
 from ..connections import PlannedOnce
 from ..exceptions import UnreadableJob
-from . import fair as fair_claim
 from ._db import _commit, _execute, claimed_cte, int_array, text_array
+from .fair import CLAIM_FAIR, fair_params
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,9 +238,9 @@ def claim_statement(
     }
     if flow is None:
         if fair is not None:
-            return fair_claim.CLAIM_FAIR, {
+            return CLAIM_FAIR, {
                 **params,
-                **fair_claim.fair_params(queues, fair, cursors or {}),
+                **fair_params(queues, fair, cursors or {}),
             }
         return CLAIM_JOBS, params
     return CLAIM_LIMITED, {**params, **flow}
