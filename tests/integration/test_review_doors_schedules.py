@@ -5,9 +5,7 @@ tick, or stops the other entries. Each finding is an xfail(strict=True) test.
 The worker's scheduler is driven as the worker drives it: ``Scheduler.run_once()``, one pass.
 """
 
-import datetime
 import io
-import random
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -98,32 +96,54 @@ def test_a_stored_time_python_cannot_read_is_refused_by_the_table(due_entries, t
 # -- finding 5: croniter's random field is accepted, and ticks at a new minute on every read ------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="finding 5: 'R * * * *' passes the five-field check (croniter.is_valid), and croniter "
-    "draws R's minute from the random module each time the schedule is read, so each pass (and "
-    "each worker) computes other ticks, each with its own idempotency key: several jobs an hour "
-    "(schedule_parser._cron; schedule.Schedule reads croniter(cron, ...) with no hash_id)",
-)
-def test_a_random_cron_field_is_refused_or_ticks_once_per_hour():
-    try:
-        schedule = parse_entry(
-            "hourly-somewhen", {"type": "noop", "cron": "R * * * *"}, get_settings()
-        )
-    except ScheduleError:
-        return  # refused, like croniter's other per-instance field, H
-    start = datetime.datetime(2030, 1, 1, 0, 0, tzinfo=datetime.UTC)
-    end = start + datetime.timedelta(hours=1)
-    seen = set()
-    state = random.getstate()
-    try:
-        for seed in (1, 2):  # two passes (or two workers) that read the entry
-            random.seed(seed)
-            seen.add(tuple(schedule.ticks_between(start, end, 10)))
-    finally:
-        random.setstate(state)
-    assert len(seen) == 1, f"one hour's ticks, read twice: {sorted(seen)}"
+@pytest.mark.parametrize("cron", ["R * * * *", "0 R * * *", "r(0-29) * * * *", "R/15 * * * *"])
+def test_a_random_cron_field_is_refused_at_every_door(cron, settings, caplog):
+    """Finding 5: 'R * * * *' passed the five-field check (croniter.is_valid), and croniter
+    draws R's minute from the random module each time the schedule is read, so each pass (and
+    each worker) computed other ticks, each with its own idempotency key: several jobs an hour.
+    It is refused, like croniter's other per-instance field, H: in the settings (the check and
+    the worker), by schedule_job(), and a stored entry holding one (a row written by hand, or
+    before the refusal) is ignored."""
+    with pytest.raises(ScheduleError, match="has a random field") as refused:
+        parse_entry("hourly-somewhen", {"type": "noop", "cron": cron}, get_settings())
+    assert refused.value.field == "cron" and "croniter draws its value anew" in str(refused.value)
+    with pytest.raises(ScheduleError, match="has a random field"):
+        schedule_job("hourly-somewhen", "noop", cron=cron)
+    schedule_job("stored", "noop", cron="* * * * *")
+    sql(
+        "UPDATE dbqueue_schedule_entry SET cron = %s, last_tick = now() - interval '2 hours' "
+        "WHERE name = 'stored'",
+        [cron],
+    )
+    with caplog.at_level("ERROR", logger="django_dbqueue"):
+        Scheduler().run_once()
+    assert made("stored") == 0
+    assert "schedule entry 'stored' ignored" in caplog.text and "random field" in caplog.text
+
+
+def test_a_random_cron_field_is_refused_by_the_admin_form(staff):
+    from django.urls import reverse
+
+    response = staff.post(
+        reverse("admin:django_dbqueue_scheduleentry_add"),
+        {
+            "name": "hourly-somewhen",
+            "job_type": "noop",
+            "payload": "{}",
+            "queue": "default",
+            "priority": "0",
+            "cron": "R * * * *",
+            "every": "",
+            "timezone": "UTC",
+            "enabled": "on",
+            "catch_up": "latest",
+            "catch_up_window": "",
+            "misfire_grace": "60",
+        },
+    )
+    assert response.status_code == 200  # the form again, with the error
+    assert "has a random field" in " ".join(response.context["adminform"].form.errors["cron"])
+    assert not scalar("SELECT count(*) FROM dbqueue_schedule_entry")
 
 
 @pytest.fixture
