@@ -18,13 +18,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # -- finding 7: inline() does not see two of the three SQL enqueue functions ----------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 7: inline() runs the jobs of 'an enqueue of any kind' (docs/testing.md; "
-    "testing/inline.py says 'an SQL enqueue function'), but WRITES_JOBS matches "
-    "'dbqueue_enqueue(' only: a job enqueued by dbqueue_enqueue_many() or dbqueue_debounce() "
-    "on the same connection is left pending",
-)
 @pytest.mark.parametrize(
     "statement",
     [
@@ -34,6 +27,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
     ids=["dbqueue_enqueue_many", "dbqueue_debounce"],
 )
 def test_inline_runs_what_every_sql_enqueue_function_enqueues(statement):
+    """Finding 7: inline() runs the jobs of 'an enqueue of any kind' (docs/testing.md), but
+    WRITES_JOBS matched 'dbqueue_enqueue(' only: a job enqueued by dbqueue_enqueue_many() or
+    dbqueue_debounce() on the same connection was left pending."""
     # Autocommit: the statement commits at once, and its hook runs then.
     with inline() as mode, connection.cursor() as cursor:
         cursor.execute(statement)
