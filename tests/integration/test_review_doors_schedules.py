@@ -5,6 +5,7 @@ tick, or stops the other entries. Each finding is an xfail(strict=True) test.
 The worker's scheduler is driven as the worker drives it: ``Scheduler.run_once()``, one pass.
 """
 
+import importlib
 import io
 
 import pytest
@@ -91,6 +92,47 @@ def test_a_stored_time_python_cannot_read_is_refused_by_the_table(due_entries, t
         sql(f"UPDATE {table} SET last_tick = '200000-01-01 00:00:00+00' WHERE name = %s", [name])
     Scheduler().run_once()
     assert (made("from-settings"), made("broken")) == (1, 1)
+
+
+TABLES = {"dbqueue_schedule_entry": "broken", "dbqueue_schedule": "from-settings"}
+
+
+@pytest.fixture
+def unchecked():
+    """The tables of the entries without migration 0027's CHECKs on last_tick (a database whose
+    constraints were dropped), put back after the test with the rows it wrote repaired."""
+    bounds = importlib.import_module("django_dbqueue.migrations.0027_bounded_rows")._in_bounds
+    for table in TABLES:
+        sql(f"ALTER TABLE {table} DROP CONSTRAINT {table}_last_tick_range")
+    yield
+    for table in TABLES:
+        sql(f"UPDATE {table} SET last_tick = now() WHERE NOT ({bounds('last_tick')})")
+        sql(
+            f"ALTER TABLE {table} ADD CONSTRAINT {table}_last_tick_range "
+            f"CHECK ({bounds('last_tick')})"
+        )
+
+
+@pytest.mark.parametrize(
+    "value", ["200000-01-01 00:00:00+00", "infinity", "4000-01-01 00:00:00+00 BC"]
+)
+@pytest.mark.parametrize("table", sorted(TABLES))
+def test_a_time_python_cannot_read_in_a_table_without_its_check_stops_no_other_entry(
+    due_entries, unchecked, table, value
+):
+    """Finding 4b, where the CHECK was dropped: the pass reads each last tick held within the
+    range Python reads (as migration 0027 repaired such rows), so the others tick; a time after
+    the range never comes due, one before it is due, and its tick writes a real time."""
+    broken = TABLES[table]
+    sql(f"UPDATE {table} SET last_tick = %s::timestamptz WHERE name = %s", [value, broken])
+    last_hour_due("dbqueue_schedule_entry", "good")
+    Scheduler().run_once()
+    expected = {"from-settings": 1, "good": 1, "broken": 1, broken: int(value.endswith("BC"))}
+    assert {name: made(name) for name in expected} == expected
+    if value.endswith("BC"):
+        assert scalar(
+            f"SELECT last_tick > now() - interval '2 hours' FROM {table} WHERE name = %s", [broken]
+        )
 
 
 # -- finding 5: croniter's random field is accepted, and ticks at a new minute on every read ------
