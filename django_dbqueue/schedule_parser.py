@@ -8,6 +8,7 @@ all call :func:`parse_entry`, so one mistake reads the same wherever it is made.
 import datetime
 import difflib
 import functools
+import re
 import zoneinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -145,6 +146,10 @@ def _timing(where, entry):
 
 # The five fields, named in every refusal of an expression.
 _FIVE_FIELDS = "minute hour day-of-month month day-of-week, such as '0 3 * * *'"
+# croniter's random field: 'R', 'R(0-29)', 'R/5' ('H', its hashed one, needs a hash_id that
+# Schedule never gives, so croniter refuses it already). The letters of a name (FRI, MAR) are
+# no field of their own.
+_RANDOM = re.compile(r"[Rr](?:\(|/|$)")
 # croniter's names for five-field expressions ("@daily" is "0 0 * * *"), accepted as those.
 _NICKNAMES = frozenset(
     {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
@@ -162,6 +167,20 @@ def _cron(where, cron):
             f"here has exactly five ({_FIVE_FIELDS}). A sixth field would be read as seconds "
             "(so the entry would tick every second) and a seventh as the year: write the "
             "minute first, as classic cron does",
+            "dbqueue.E008",
+            "cron",
+        )
+    drawn = (
+        [i for f in cron.split() for i in f.split(",") if _RANDOM.match(i)]
+        if isinstance(cron, str)
+        else []
+    )
+    if drawn:
+        _fail(
+            f"{where}['cron'] {validation.shown(cron)} has a random field ({drawn[0]!r}): "
+            "croniter draws its value anew each time the expression is read, so each pass of "
+            "each worker would compute other ticks, each one a job: several per period. Write "
+            "the value itself, such as '17 * * * *'",
             "dbqueue.E008",
             "cron",
         )

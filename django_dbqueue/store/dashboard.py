@@ -42,8 +42,12 @@ JOB_NAME_SQL = """CASE WHEN j.type::text = 'django.tasks'
 
 # The failed attempts of the jobs that may have failed since %(from)s, one row per error entry,
 # at the time it failed: (queue, name, at). An entry's "at" is the database's now() when it was
-# written (FAIL_JOB, DEFER_UNKNOWN_TYPE, RESCUE_EXPIRED); an entry without one (written by
-# hand) counts at the job's finish. The "Requeued" marker (REQUEUE_JOBS) is not a failed
+# written (FAIL_JOB, DEFER_UNKNOWN_TYPE, RESCUE_EXPIRED); an entry without one, or with one
+# that is no time (written by hand: "2026-13-45T99:99:99"), counts at the job's finish: the
+# jsonpath's datetime() reads it, and its silent mode answers NULL where a cast would fail the
+# whole statement. A history that is not an array (written by hand: an object, a string)
+# counts nothing: jsonb_array_elements() of it would fail the statement, so every minute's
+# rollup of every worker and the dashboard (issue 35). The "Requeued" marker (REQUEUE_JOBS) is not a failed
 # attempt. A job that failed at or after %(from)s is now, whatever happened to it since:
 # - finished (done, dead or cancelled) at or after %(from)s: dbqueue_job_finished_idx;
 # - pending with run_after at or after %(from)s: a failure, a requeue and a run-now set
@@ -67,9 +71,16 @@ FROM (
     SELECT queue, type, payload, errors, finished_at FROM dbqueue_job WHERE state::text = 'running'
 ) AS j
 CROSS JOIN LATERAL (
-    SELECT CASE WHEN e.value ->> 'at'::text ~ '^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d'::text
-                THEN (e.value ->> 'at'::text)::timestamptz ELSE j.finished_at END AS at
-    FROM jsonb_array_elements(j.errors) AS e
+    SELECT COALESCE(
+               CASE WHEN e.value ->> 'at'::text ~ '^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d'::text
+                    THEN pg_catalog.jsonb_path_query_first(
+                             pg_catalog.to_jsonb(pg_catalog.regexp_replace(
+                                 e.value ->> 'at'::text, '[zZ]$'::text, '+00:00'::text)),
+                             '$.datetime()'::jsonpath, '{}'::jsonb, true) #>> '{}'::text[]
+               END::timestamptz,
+               j.finished_at) AS at
+    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(j.errors) = 'array'::text
+                                   THEN j.errors ELSE '[]'::jsonb END) AS e
     WHERE jsonb_typeof(e.value) = 'object' AND NOT (e.value ? 'requeued'::text)
 ) AS f
 WHERE j.errors <> '[]'::jsonb AND f.at >= %(from)s"""

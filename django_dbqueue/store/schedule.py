@@ -7,12 +7,30 @@ from dataclasses import dataclass
 
 from django.db import connections
 
+from ..validation import TIMESTAMP_MAX, TIMESTAMP_MIN
 from ._db import _execute, _execute_no_rows
 
 # Two kinds of entry: DBQUEUE["SCHEDULE"]'s, whose state is a row of dbqueue_schedule by name, and
 # stored ones, whose definition and state share a row of dbqueue_schedule_entry (so that a worker
 # that locks the row to tick it reads the definition in force, and an edit that locks it first
 # is waited for: see schedule_entries.py).
+
+
+def _held(column):
+    """An entry's time as the scheduler reads it: held within validation.TIMESTAMP_MIN..MAX.
+    The tables refuse any other (migration 0027's CHECKs, which repaired the rows of before
+    the same way); in a table whose CHECKs were dropped, a time written by hand (year 200000,
+    infinity) would fail the fetch of the whole reply (psycopg's typed value of it), so that
+    one entry stopped every entry of the pass. Held, a last tick of year 200000 reads
+    9999-12-30 (that entry ticks no more), one of 4000 BC 0001-01-02 (due: its catch-up
+    policy picks what it enqueues, and the tick writes a real time); NULL stays NULL."""
+    low = f"'{TIMESTAMP_MIN.isoformat()}'::timestamptz"
+    high = f"'{TIMESTAMP_MAX.isoformat()}'::timestamptz"
+    return (
+        f"CASE WHEN {column} < {low} THEN {low} WHEN {column} > {high} THEN {high} "
+        f"ELSE {column} END"
+    )
+
 
 # First sight of a settings entry: it starts from now (no tick before the fleet knew it).
 ENSURE_SCHEDULE = """
@@ -28,8 +46,8 @@ def ensure_schedule(using, name):
 
 # One worker at a time ticks an entry: the others skip the locked row instead of waiting, and the
 # tick's idempotency key still makes one job should two ever compute the same tick.
-LOCK_SCHEDULE = """
-SELECT last_tick, now() FROM dbqueue_schedule WHERE name::text = %(name)s::text
+LOCK_SCHEDULE = f"""
+SELECT {_held("last_tick")}, now() FROM dbqueue_schedule WHERE name::text = %(name)s::text
 FOR UPDATE SKIP LOCKED
 """
 
@@ -81,14 +99,14 @@ class StoredEntry:
         return (self.name, *dataclasses.astuple(self)[3:])
 
 
-_ENTRY_COLUMNS = """e.id, e.name, e.last_tick, e.job_type, e.cron, e.every, e.timezone,
+_ENTRY_COLUMNS = f"""e.id, e.name, {_held("e.last_tick")}, e.job_type, e.cron, e.every, e.timezone,
        e.payload::text, e.queue, e.priority, e.catch_up, e.catch_up_window, e.misfire_grace"""
 
 # A scheduler pass reads everything in one plain statement (no lock, no transaction id): the
 # settings entries' states (always one row at least, the LEFT JOIN, so that the caller gets the
 # database's now() too; id NULL) and the enabled stored entries with their definitions.
 SCHEDULE_STATE = f"""
-SELECT NULL::bigint, s.name, s.last_tick, NULL::text, NULL::text, NULL::float8, NULL::text,
+SELECT NULL::bigint, s.name, {_held("s.last_tick")}, NULL::text, NULL::text, NULL::float8, NULL::text,
        NULL::text, NULL::text, NULL::smallint, NULL::text, NULL::float8, NULL::float8, n.now
 FROM (SELECT now() AS now) AS n LEFT JOIN dbqueue_schedule AS s ON true
 UNION ALL
@@ -156,8 +174,8 @@ def advance_schedule_entry(using, entry_id, tick, enqueued=None):
 
 
 # For the status command and the admin: every settings entry's state.
-SCHEDULE_STATUS = """
-SELECT s.name, s.last_tick, s.last_enqueued, n.now
+SCHEDULE_STATUS = f"""
+SELECT s.name, {_held("s.last_tick")}, {_held("s.last_enqueued")}, n.now
 FROM (SELECT now() AS now) AS n LEFT JOIN dbqueue_schedule AS s ON true
 """
 

@@ -21,10 +21,12 @@ from .runner import run_jobs
 
 # The statements that make jobs due or change them: an enqueue of any kind (INSERT INTO
 # dbqueue_job: enqueue, enqueue_many, workflows, publish, the scheduler, the Tasks backend; an SQL
-# enqueue function), a signal (INSERT INTO dbqueue_signal), a requeue, a run now or a cancel
-# (UPDATE dbqueue_job). Reads never are.
+# enqueue function: dbqueue_enqueue(), dbqueue_enqueue_many(), dbqueue_debounce()), a signal
+# (INSERT INTO dbqueue_signal), a requeue, a run now or a cancel (UPDATE dbqueue_job). Reads
+# never are.
 WRITES_JOBS = re.compile(
-    r"INSERT\s+INTO\s+dbqueue_(?:job|signal)\b|UPDATE\s+dbqueue_job\b|dbqueue_enqueue\s*\(",
+    r"INSERT\s+INTO\s+dbqueue_(?:job|signal)\b|UPDATE\s+dbqueue_job\b"
+    r"|dbqueue_(?:enqueue|enqueue_many|debounce)\s*\(",
     re.IGNORECASE,
 )
 

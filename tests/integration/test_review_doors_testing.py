@@ -18,13 +18,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 # -- finding 7: inline() does not see two of the three SQL enqueue functions ----------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 7: inline() runs the jobs of 'an enqueue of any kind' (docs/testing.md; "
-    "testing/inline.py says 'an SQL enqueue function'), but WRITES_JOBS matches "
-    "'dbqueue_enqueue(' only: a job enqueued by dbqueue_enqueue_many() or dbqueue_debounce() "
-    "on the same connection is left pending",
-)
 @pytest.mark.parametrize(
     "statement",
     [
@@ -34,6 +27,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
     ids=["dbqueue_enqueue_many", "dbqueue_debounce"],
 )
 def test_inline_runs_what_every_sql_enqueue_function_enqueues(statement):
+    """Finding 7: inline() runs the jobs of 'an enqueue of any kind' (docs/testing.md), but
+    WRITES_JOBS matched 'dbqueue_enqueue(' only: a job enqueued by dbqueue_enqueue_many() or
+    dbqueue_debounce() on the same connection was left pending."""
     # Autocommit: the statement commits at once, and its hook runs then.
     with inline() as mode, connection.cursor() as cursor:
         cursor.execute(statement)
@@ -57,14 +53,11 @@ print(sorted(m for m in sys.modules if m.startswith(("django.db", "django_dbqueu
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 8: testing/pytest_plugin.py says 'Nothing is imported from Django or the "
-    "package until a test asks for a fixture', but importing it imports django_dbqueue/"
-    "__init__.py, hence the whole public API, django.db and the store, in every pytest run of "
-    "every project that has the package installed",
-)
 def test_the_pytest_plugin_imports_nothing_of_django_when_pytest_starts(tmp_path):
+    """Finding 8: testing/pytest_plugin.py says 'Nothing is imported from Django or the package
+    until a test asks for a fixture', but importing it imported django_dbqueue/__init__.py,
+    hence the whole public API, django.db and the store, in every pytest run of every project
+    that has the package installed. The package's names are now imported on first use."""
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(LOADED_BY_PYTEST)],
         cwd=tmp_path,
