@@ -14,17 +14,21 @@ trigger, and publish()/replay_event() on Django's connection.
 import contextlib
 import datetime
 import hashlib
+import pathlib
 
 import psycopg
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 
 from django_dbqueue import enqueue, publish, replay_event
 from django_dbqueue.connections import connection_params
+from django_dbqueue.exceptions import EnqueueError
 from django_dbqueue.scheduler import Scheduler
 from tests.utils import job_row, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 
 PRODUCER_GRANT = (
     "GRANT EXECUTE ON FUNCTION dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval,"
@@ -210,20 +214,30 @@ def _next_event_id():
 
 
 def _plant(producer, key):
-    """The producer takes ``key`` with a job of its own choosing (type and payload)."""
-    return producer.run(
-        "SELECT dbqueue_enqueue('noop', '{\"planted\": true}'::jsonb, idempotency_key => %s)",
-        [key],
-    )[0][0]
+    """The producer tries to take ``key`` with a job of its own choosing (type and payload),
+    through each of its doors: each refuses, naming the key (migration 0029)."""
+    calls = [
+        (
+            "SELECT dbqueue_enqueue('noop', '{\"planted\": true}'::jsonb, idempotency_key => %s)",
+            "dbqueue_enqueue: idempotency_key ",
+        ),
+        (
+            "SELECT dbqueue_enqueue_many(jsonb_build_array(jsonb_build_object("
+            "'type', 'noop', 'payload', '{\"planted\": true}'::jsonb, 'idempotency_key', %s::text)))",
+            "dbqueue_enqueue_many: jobs[0]: idempotency_key ",
+        ),
+    ]
+    for sql, start in calls:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            producer.run(sql, [key])
+        message = caught.value.diag.message_primary
+        assert message.startswith(start), message
+        assert "reserved for the keys of the package's own jobs" in message
+    with pytest.raises(EnqueueError, match="reserved for the keys of the package's own jobs"):
+        enqueue("noop", {"planted": True}, idempotency_key=key)
+    assert scalar("SELECT count(*) FROM dbqueue_job WHERE idempotency_key = %s", [key]) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IntegrityError,
-    reason="finding 3a: a producer that takes 'dbqueue:event:<next id>:<subscriber>' (event ids "
-    "are a sequence) makes publish() fail with IntegrityError: the application's transaction "
-    "that publishes rolls back (store/events.py PUBLISH_EVENT inserts with no ON CONFLICT)",
-)
 def test_a_producer_cannot_make_publish_fail_by_taking_an_event_key(producer):
     first = _next_event_id()
     for event_id in range(first, first + 5):  # the next five events, for one subscriber
@@ -244,27 +258,14 @@ def test_a_producer_cannot_make_publish_fail_by_taking_an_event_key(producer):
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3b: a producer that takes 'dbqueue:event:<id>:<type>' makes replay_event() "
-    "return no job for that subscriber, silently, while its planted job (any type, any "
-    "payload) stands in (store/events.py REPLAY_EVENT's ON CONFLICT DO NOTHING)",
-)
 def test_a_producer_cannot_make_a_replay_skip_a_subscriber(producer):
     event = publish("test.invoice.paid", {"invoice": 8})
-    planted = _plant(producer, f"dbqueue:event:{event.id}:late-subscriber")
+    _plant(producer, f"dbqueue:event:{event.id}:late-subscriber")
     made = replay_event(event.id, ["late-subscriber"])
     assert [job.type for job in made] == ["late-subscriber"]
-    assert made[0].id != planted
     assert job_row(made[0].id)["event_id"] == event.id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3c: a producer that takes 'dbqueue-schedule:<entry>:<tick>' (the tick is "
-    "plain arithmetic) replaces that periodic job by its own: the scheduler's enqueue() gets "
-    "the planted job back and records the tick as done (schedule.Schedule.key)",
-)
 def test_a_producer_cannot_stand_in_for_a_periodic_job(producer, settings):
     settings.DBQUEUE = {
         "QUEUES": {"default": {}},
@@ -281,23 +282,19 @@ def test_a_producer_cannot_stand_in_for_a_periodic_job(producer, settings):
         )
         tick = cursor.fetchone()[0]
     key = f"dbqueue-schedule:hourly:{tick.astimezone(datetime.UTC).isoformat()}"
-    planted = _plant(producer, key)
+    _plant(producer, key)
     Scheduler().run_once()
     row = job_row(scalar("SELECT id FROM dbqueue_job WHERE idempotency_key = %s", [key]))
-    assert row["id"] != planted
     assert (row["type"], row["payload"]) == ("echo", {"a": 1})
 
 
-# -- finding 9: the debounce grant brings another producer's job forward, not only back ----------
+# -- finding 9: the debounce grant sets another producer's run_after, earlier included ------------
+# docs/sql.md said the grant lets a role "push back" the run_after; it sets it to this call's,
+# as enqueue(debounce=True) does (the last call wins: a debounce resets the timer). The docs now
+# say so, and that the role can make such a job due now.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 9: docs/sql.md says the dbqueue_debounce() grant lets a role 'push back the "
-    "run_after' of another producer's pending job; it sets it to any time, earlier included, "
-    "so a job scheduled for next month runs now (dbqueue_enqueue_row's DO UPDATE)",
-)
-def test_the_debounce_grant_only_pushes_another_producers_job_back(owner, producer):
+def test_the_debounce_grant_sets_another_producers_run_after_as_the_docs_say(owner, producer):
     owner.run(
         "GRANT EXECUTE ON FUNCTION dbqueue_debounce(text, jsonb, text, text, int, timestamptz,"
         f" interval, int, double precision, text) TO {producer.role}"
@@ -314,19 +311,37 @@ def test_the_debounce_grant_only_pushes_another_producers_job_back(owner, produc
         "SELECT dbqueue_debounce('noop', '{}'::jsonb, 'monthly-report', run_after => now())"
     )
     assert same == job.id
-    assert job_row(job.id)["run_after"] >= before
+    assert job_row(job.id)["run_after"] < before  # made due now, as documented
+    assert job_row(job.id)["payload"] == {}
+    # Python's door does the same.
+    enqueue(
+        "noop",
+        {"n": 2},
+        unique_key="monthly-report",
+        unique_while="pending",
+        debounce=True,
+        delay=86400,
+    )
+    again = job_row(job.id)["run_after"]
+    assert again > before - datetime.timedelta(days=29)
+    enqueue(
+        "noop",
+        {"n": 3},
+        unique_key="monthly-report",
+        unique_while="pending",
+        debounce=True,
+        delay=0,
+    )
+    assert job_row(job.id)["run_after"] < again
+    with open(DOCS / "sql.md", encoding="utf-8") as docs:
+        text = " ".join(docs.read().split())
+    assert "earlier or later than the one it replaces" in text
+    assert "push back the `run_after`" not in text
 
 
 # -- finding 10: a run_after offset PostgreSQL refuses is not the function's named refusal ------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10: dbqueue_enqueue_many() lets a run_after with an offset of +16:00 past "
-    "its ISO check, and PostgreSQL's own 'time zone displacement out of range' (22009) comes "
-    "out, naming neither the function nor the item (its EXCEPTION clause omits "
-    "invalid_time_zone_displacement_value)",
-)
 def test_enqueue_many_names_the_item_of_an_offset_out_of_range(producer):
     with pytest.raises(psycopg.Error) as caught:
         producer.run(
@@ -349,13 +364,6 @@ def _temp_bytes(owner, flushing):
     return owner.run(TEMP_BYTES)[0][0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 11: the refusal of a payload nested 101 deep walks it with "
-    "dbqueue_enqueue_payload_walk(), whose recursive CTE copies every subtree at every level "
-    "into a tuplestore: ~200x the payload in temporary files (a 2 MB payload: ~400 MB; 10 MB: "
-    "26 s), to print the first two steps of the path",
-)
 def test_refusing_a_deep_payload_costs_about_its_size(owner, producer):
     producer.run("SET work_mem = '4MB'")  # the default, whatever the server's is
     deep = "('{\"a\":' || repeat('[', 101) || '\"' || repeat('x', 2000000) || '\"' || " + (

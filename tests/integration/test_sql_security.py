@@ -665,6 +665,11 @@ def call_doors(attacker):
         """SELECT public.dbqueue_enqueue_many('[{"type": "noop", "lease_seconds": 0}]'::jsonb)""",
         """SELECT public.dbqueue_enqueue_many('[{"type": "noop", "delay": -1}]'::jsonb)""",
         """SELECT public.dbqueue_enqueue_many('[{"type": "noop", "run_after": "tomorrow"}]')""",
+        """SELECT public.dbqueue_enqueue_many('[{"type": "noop",
+            "run_after": "2030-01-01T00:00:00+16:00"}]')""",
+        f"SELECT {enqueue}('noop'::text, idempotency_key => 'dbqueue:event:1:x'::text)",
+        """SELECT public.dbqueue_enqueue_many('[{"type": "noop",
+            "idempotency_key": "dbqueue-schedule:x"}]')""",
         "SELECT public.dbqueue_debounce('noop'::text, '{}'::jsonb, NULL::text)",
     ]
     debounce = _exists(attacker, "dbqueue_debounce")
