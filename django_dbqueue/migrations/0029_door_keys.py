@@ -15,7 +15,36 @@
 #   found by going down two levels, testing each child with the jsonpath that found the depth,
 #   instead of dbqueue_enqueue_payload_walk(), whose recursive CTE copied every subtree at every
 #   level into a tuplestore (a 2 MB payload: ~400 MB of temporary files) to print two steps.
-# Migrating back installs the texts of migrations 0026 and 0027 again.
+# And the three doors move to a schema of their own, "dbqueue", which only their owner (the role
+# that migrates) can create objects in. Until now they lived in the schema of the tables
+# (public), and a caller's unqualified call, dbqueue_enqueue('noop', '{"a": 1}') as docs/sql.md
+# showed it, was resolved among everything of that name on the caller's search_path: a role with
+# CREATE on public (PostgreSQL's default before 15) created public.dbqueue_enqueue(text, text), a
+# better match for two untyped literals than ours, and its body ran with the caller's rights (a
+# superuser's, a trigger's); or it created dbqueue_enqueue(text, jsonb, text, text), and every
+# INSERT of a table whose trigger called ours failed as ambiguous. A qualified call,
+# dbqueue.dbqueue_enqueue(...), is resolved in that schema alone, where nobody else can add a
+# function: docs/sql.md now shows only such calls. What moves:
+# - ALTER FUNCTION ... SET SCHEMA keeps each door's oid, owner and grants: a role granted
+#   EXECUTE on dbqueue_enqueue() before this migration may call dbqueue.dbqueue_enqueue() now.
+# - USAGE on the schema is granted to PUBLIC (it only lets a role name what is in it: every
+#   function there has EXECUTE revoked from PUBLIC), so a producer still needs EXECUTE on the
+#   door and nothing else. (PostgreSQL grants EXECUTE to PUBLIC on a new function, and a
+#   schema's default privileges cannot take that back: a later migration that creates a
+#   function in this schema must REVOKE it, as 0022 and 0026 do.)
+# - Under the old names, in the schema of the tables, three wrappers with the same signatures
+#   forward every argument to the door (SECURITY INVOKER, executable by anybody: the door
+#   checks the caller's EXECUTE), so that existing triggers and services keep working. They
+#   are as exposed as the old names were: an unqualified call is only as safe as the schemas on
+#   the caller's search_path (the database check dbqueue.W005 names who can create objects in
+#   them).
+# - Should the tables themselves be in a schema named dbqueue, nothing moves. Should a schema
+#   dbqueue exist already, owned by another role or with CREATE granted to another role, the
+#   migration stops and says so.
+# A later migration that installs a door again must name it dbqueue.dbqueue_enqueue(...).
+#
+# Migrating back moves the doors back under their names, drops the wrappers and the schema (if
+# nothing else is in it), and installs the texts of migrations 0026 and 0027 again.
 
 import importlib
 import re
@@ -398,6 +427,140 @@ def accept(apps, schema_editor):
     _install(schema_editor, previous_texts())
 
 
+# -- the doors in a schema of their own ------------------------------------------------------------
+
+DOOR_SCHEMA = "dbqueue"
+DOORS = (
+    "dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval, int, double precision, text,"
+    " text, text, boolean, text)",
+    "dbqueue_enqueue_many(jsonb)",
+    "dbqueue_debounce(text, jsonb, text, text, int, timestamptz, interval, int, double precision,"
+    " text)",
+)
+
+# The old names: each forwards its arguments, every one of the door's declared type, to the door
+# of the same signature in {doors} (an exact match: no other function is considered there).
+WRAPPERS = r"""
+CREATE FUNCTION {schema}.dbqueue_enqueue(
+    job_type text,
+    payload jsonb DEFAULT '{}',
+    queue text DEFAULT 'default',
+    priority int DEFAULT 0,
+    run_after timestamptz DEFAULT NULL,
+    delay interval DEFAULT NULL,
+    max_attempts int DEFAULT 10,
+    lease_seconds double precision DEFAULT 60,
+    idempotency_key text DEFAULT NULL,
+    unique_key text DEFAULT NULL,
+    unique_while text DEFAULT NULL,
+    debounce boolean DEFAULT false,
+    serial_key text DEFAULT NULL
+) RETURNS bigint LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT {doors}.dbqueue_enqueue(
+        job_type, payload, queue, priority, run_after, delay, max_attempts, lease_seconds,
+        idempotency_key, unique_key, unique_while, debounce, serial_key)
+$fn$;
+
+CREATE FUNCTION {schema}.dbqueue_enqueue_many(jobs jsonb) RETURNS bigint[]
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT {doors}.dbqueue_enqueue_many(jobs)
+$fn$;
+
+CREATE FUNCTION {schema}.dbqueue_debounce(
+    job_type text,
+    payload jsonb DEFAULT '{}',
+    unique_key text DEFAULT NULL,
+    queue text DEFAULT 'default',
+    priority int DEFAULT 0,
+    run_after timestamptz DEFAULT NULL,
+    delay interval DEFAULT NULL,
+    max_attempts int DEFAULT 10,
+    lease_seconds double precision DEFAULT 60,
+    serial_key text DEFAULT NULL
+) RETURNS bigint LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $fn$
+    SELECT {doors}.dbqueue_debounce(
+        job_type, payload, unique_key, queue, priority, run_after, delay, max_attempts,
+        lease_seconds, serial_key)
+$fn$;
+"""
+
+# The schema of the doors, if it exists: its owner is the role that migrates, and who else may
+# create objects in it.
+DOOR_SCHEMA_STATE = """
+SELECT n.nspowner OPERATOR(pg_catalog.=) (
+           SELECT r.oid FROM pg_catalog.pg_roles AS r
+           WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER),
+       pg_catalog.pg_get_userbyid(n.nspowner)::pg_catalog.text,
+       ARRAY(SELECT CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0::pg_catalog.oid THEN 'PUBLIC'
+                         ELSE pg_catalog.pg_get_userbyid(a.grantee)::pg_catalog.text END
+             FROM pg_catalog.aclexplode(
+                 COALESCE(n.nspacl, pg_catalog.acldefault('n'::"char", n.nspowner))) AS a
+             WHERE a.privilege_type OPERATOR(pg_catalog.=) 'CREATE'::pg_catalog.text
+               AND a.grantee OPERATOR(pg_catalog.<>) n.nspowner)
+FROM pg_catalog.pg_namespace AS n WHERE n.nspname OPERATOR(pg_catalog.=) %s::pg_catalog.name
+"""
+
+# Whether anything but the doors is in the schema (back to 0027 drops it only when not).
+DOOR_SCHEMA_OTHERS = """
+SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_depend AS d
+               WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_namespace'::regclass
+                 AND d.refobjid OPERATOR(pg_catalog.=) %s::pg_catalog.regnamespace::pg_catalog.oid)
+"""
+
+
+def _schemas(cursor):
+    cursor.execute(TABLES_SCHEMA)
+    (tables,) = cursor.fetchone()
+    cursor.execute("SELECT pg_catalog.quote_ident(%s::pg_catalog.text)", [DOOR_SCHEMA])
+    (doors,) = cursor.fetchone()
+    return tables, doors
+
+
+def own_schema(apps, schema_editor):
+    """Move the doors to DOOR_SCHEMA, and put the wrappers under their old names."""
+    with schema_editor.connection.cursor() as cursor:
+        tables, doors = _schemas(cursor)
+        if tables == doors:
+            return  # the tables, and so the doors, are in a schema named dbqueue already
+        cursor.execute(DOOR_SCHEMA_STATE, [DOOR_SCHEMA])
+        state = cursor.fetchone()
+        if state is None:
+            cursor.execute(f"CREATE SCHEMA {doors}")
+        else:
+            owned, owner, writers = state
+            if not owned or writers:
+                raise RuntimeError(
+                    f"migration 0029: schema {DOOR_SCHEMA!r} exists already"
+                    + ("" if owned else f", owned by {owner!r}, not by the role that migrates")
+                    + (f", and {', '.join(writers)} may create objects in it" if writers else "")
+                    + ": the SQL doors need a schema only their owner can create objects in. "
+                    f"Drop it, or make it the migrating role's with no CREATE for others."
+                )
+        moves = "".join(
+            f"ALTER FUNCTION {tables}.{door} SET SCHEMA {doors};\n" for door in DOORS
+        )
+        cursor.execute(
+            moves
+            + f"GRANT USAGE ON SCHEMA {doors} TO PUBLIC;\n"
+            + WRAPPERS.replace("{schema}", tables).replace("{doors}", doors)
+        )
+
+
+def shared_schema(apps, schema_editor):
+    """Back to 0027: drop the wrappers, move the doors back, drop the schema if empty."""
+    with schema_editor.connection.cursor() as cursor:
+        tables, doors = _schemas(cursor)
+        if tables == doors:
+            return
+        cursor.execute(
+            "".join(f"DROP FUNCTION {tables}.{door};\n" for door in DOORS)
+            + "".join(f"ALTER FUNCTION {doors}.{door} SET SCHEMA {tables};\n" for door in DOORS)
+        )
+        cursor.execute(DOOR_SCHEMA_OTHERS, [DOOR_SCHEMA])
+        if not cursor.fetchone()[0]:
+            cursor.execute(f"DROP SCHEMA {doors}")
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("django_dbqueue", "0027_bounded_rows"),
@@ -405,4 +568,5 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunPython(refuse, accept),
+        migrations.RunPython(own_schema, shared_schema),
     ]

@@ -21,6 +21,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_dbqueue import enqueue, publish, replay_event
+from django_dbqueue.checks import check_schema_writers
 from django_dbqueue.connections import connection_params
 from django_dbqueue.exceptions import EnqueueError
 from django_dbqueue.scheduler import Scheduler
@@ -31,9 +32,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 
 PRODUCER_GRANT = (
-    "GRANT EXECUTE ON FUNCTION dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval,"
-    " int, double precision, text, text, text, boolean, text), dbqueue_enqueue_many(jsonb)"
-    " TO {role}"
+    "GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_enqueue(text, jsonb, text, int, timestamptz,"
+    " interval, int, double precision, text, text, text, boolean, text),"
+    " dbqueue.dbqueue_enqueue_many(jsonb) TO {role}"
 )
 
 
@@ -124,28 +125,34 @@ END $b$;
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1: an overload in public with text for the payload is a better match than "
-    "ours for a call with an untyped literal (the form docs/sql.md shows), so the producer's "
-    "function runs with the caller's rights; docs/sql.md says such a role can only make a call "
-    "ambiguous ('an error, not its code run')",
-)
+# Fixed by migration 0029: the doors are in the schema dbqueue, where only their owner can create
+# a function, and docs/sql.md shows only calls qualified with it, which PostgreSQL resolves in
+# that schema alone. An unqualified call (the old names, now wrappers in public) is as safe as
+# the schemas on its caller's search_path: the database check dbqueue.W005 names the roles that
+# can create objects there.
 def test_a_producers_overload_never_runs_as_the_caller_of_the_documented_calls(owner, producer):
     producer.run(HIJACKS)
     # The calls as docs/sql.md writes them (its error example, its debounce example, and a
     # psql-style batch), made by a superuser, whose session's search_path is the default one.
-    [(job_id,)] = owner.run("""SELECT dbqueue_enqueue('noop', '{"a": 1}')""")
-    [(ids,)] = owner.run("""SELECT dbqueue_enqueue_many('[["noop", {"b": 2}]]')""")
+    [(job_id,)] = owner.run("""SELECT dbqueue.dbqueue_enqueue('noop', '{"a": 1}')""")
+    [(ids,)] = owner.run("""SELECT dbqueue.dbqueue_enqueue_many('[["noop", {"b": 2}]]')""")
     [(debounced,)] = owner.run(
-        """SELECT dbqueue_debounce('noop', '{"shop": 7}', 'reindex:7',
-                                   delay => interval '30 seconds')"""
+        """SELECT dbqueue.dbqueue_debounce('noop', '{"shop": 7}', 'reindex:7',
+                                           delay => interval '30 seconds')"""
     )
     assert ran_as(owner) == []  # no body of the producer's ran, as anybody
     assert job_row(job_id)["payload"] == {"a": 1}
     assert [job_row(i)["payload"] for i in ids] == [{"b": 2}]
     assert job_row(debounced)["unique_key"] == "reindex:7"
     assert not owner.run("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [producer.role])[0][0]
+    # Nobody but the owner can create a function where the doors are.
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        producer.run(HIJACKS.replace("public.dbqueue_", "dbqueue.dbqueue_"))
+    # The producer's CREATE on public is what the database check names.
+    warnings = check_schema_writers(databases=["default"])
+    assert [w.id for w in warnings] == ["dbqueue.W005"]
+    assert producer.role in warnings[0].msg and "'public'" in warnings[0].msg
+    assert f"REVOKE CREATE ON SCHEMA public FROM {producer.role}" in warnings[0].hint
 
 
 # -- finding 2: an overload with the trigger's own signature makes every INSERT of the table fail --
@@ -154,7 +161,7 @@ TRIGGER = """
 CREATE TABLE public.dbq_review_order (id bigint PRIMARY KEY);
 CREATE FUNCTION public.dbq_review_order_created() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM dbqueue_enqueue(
+    PERFORM dbqueue.dbqueue_enqueue(
         'send-order-confirmation',
         jsonb_build_object('order_id', NEW.id),
         queue => 'emails',
@@ -176,12 +183,8 @@ def shop_trigger(owner):
     owner.run("DROP FUNCTION IF EXISTS public.dbq_review_order_created()")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2: a producer's dbqueue_enqueue(text, jsonb, text, text) in public makes "
-    "the trigger of docs/sql.md ambiguous ('function ... is not unique'): every INSERT into "
-    "the application's table fails, not only its enqueue (documented as 'an error', unranked)",
-)
+# Fixed by migration 0029: the trigger of docs/sql.md calls dbqueue.dbqueue_enqueue(), which an
+# overload in public cannot make ambiguous.
 def test_a_producers_overload_does_not_make_the_documented_trigger_fail(
     owner, producer, shop_trigger
 ):
@@ -194,7 +197,7 @@ def test_a_producers_overload_does_not_make_the_documented_trigger_fail(
         RETURNS bigint LANGUAGE sql AS $b$ SELECT -1::bigint $b$
         """
     )
-    owner.run("INSERT INTO public.dbq_review_order VALUES (2)")  # ambiguous: refused today
+    owner.run("INSERT INTO public.dbq_review_order VALUES (2)")  # was ambiguous before 0029
     assert (
         scalar(
             "SELECT count(*) FROM dbqueue_job WHERE idempotency_key LIKE 'order-confirmation:%%'"
@@ -296,7 +299,7 @@ def test_a_producer_cannot_stand_in_for_a_periodic_job(producer, settings):
 
 def test_the_debounce_grant_sets_another_producers_run_after_as_the_docs_say(owner, producer):
     owner.run(
-        "GRANT EXECUTE ON FUNCTION dbqueue_debounce(text, jsonb, text, text, int, timestamptz,"
+        "GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_debounce(text, jsonb, text, text, int, timestamptz,"
         f" interval, int, double precision, text) TO {producer.role}"
     )
     job = enqueue(

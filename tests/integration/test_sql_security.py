@@ -145,11 +145,11 @@ def attacker(owner):
     owner.run(f"DROP ROLE IF EXISTS {role}")
     owner.run(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
     owner.run(f"GRANT CREATE ON SCHEMA public TO {role}")
-    for door in (
-        "dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval, int, double precision,"
-        " text, text, text, boolean, text)",
-        "dbqueue_enqueue_many(jsonb)",
-        "dbqueue_debounce(text, jsonb, text, text, int, timestamptz, interval, int,"
+    for door in (  # (in the schema dbqueue since migration 0029)
+        "dbqueue.dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval, int,"
+        " double precision, text, text, text, boolean, text)",
+        "dbqueue.dbqueue_enqueue_many(jsonb)",
+        "dbqueue.dbqueue_debounce(text, jsonb, text, text, int, timestamptz, interval, int,"
         " double precision, text)",
     ):
         if owner.run("SELECT to_regprocedure(%s) IS NOT NULL", [door])[0][0]:
@@ -672,6 +672,14 @@ def call_doors(attacker):
             "idempotency_key": "dbqueue-schedule:x"}]')""",
         "SELECT public.dbqueue_debounce('noop'::text, '{}'::jsonb, NULL::text)",
     ]
+    # The documented calls, qualified with the doors' schema (migration 0029); the ones above
+    # name the old names in public, wrappers that forward to them.
+    good += [
+        sql.replace("public.dbqueue_", "dbqueue.dbqueue_")
+        for sql in good
+        if "public.dbqueue_" in sql and "dbq_evil" not in sql
+    ]
+    bad += [sql.replace("public.dbqueue_", "dbqueue.dbqueue_") for sql in bad]
     debounce = _exists(attacker, "dbqueue_debounce")
     surprises = []
     for path in ["DEFAULT", "public, pg_temp, pg_catalog", "pg_temp, public"]:
@@ -971,12 +979,13 @@ def test_no_planted_object_runs_as_anybody_but_the_role_that_planted_it(owner, a
 # -- the grants of docs/sql.md, exactly -----------------------------------------------------------
 
 PRODUCER_GRANT = (
-    "GRANT EXECUTE ON FUNCTION dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval,"
-    " int, double precision, text, text, text, boolean, text), dbqueue_enqueue_many(jsonb) TO {}"
+    "GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_enqueue(text, jsonb, text, int, timestamptz,"
+    " interval, int, double precision, text, text, text, boolean, text),"
+    " dbqueue.dbqueue_enqueue_many(jsonb) TO {}"
 )
 DEBOUNCE_GRANT = (
-    "GRANT EXECUTE ON FUNCTION dbqueue_debounce(text, jsonb, text, text, int, timestamptz,"
-    " interval, int, double precision, text) TO {}"
+    "GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_debounce(text, jsonb, text, text, int,"
+    " timestamptz, interval, int, double precision, text) TO {}"
 )
 
 
