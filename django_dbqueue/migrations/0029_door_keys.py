@@ -11,10 +11,12 @@
 # - dbqueue_enqueue_many(): a run_after whose UTC offset PostgreSQL refuses (past +-15:59, e.g.
 #   +16:00, which the ISO shape lets through) is refused with the function's own error, naming
 #   the item, instead of PostgreSQL's 22009 naming nothing.
-# - dbqueue_enqueue_payload_problem(): the path of a payload nested more than 100 levels deep is
-#   found by going down two levels, testing each child with the jsonpath that found the depth,
-#   instead of dbqueue_enqueue_payload_walk(), whose recursive CTE copied every subtree at every
-#   level into a tuplestore (a 2 MB payload: ~400 MB of temporary files) to print two steps.
+# - dbqueue_enqueue_payload_problem(): the path of a value it refuses (a container more than 100
+#   levels down: its first two steps; a number: all of them) is found by going down from the
+#   payload, into the first child that a jsonpath test finds the value in, instead of
+#   dbqueue_enqueue_payload_walk(), whose recursive CTE copied every subtree at every level
+#   into a tuplestore (a 2 MB payload: ~400 MB of temporary files, 10 MB: 26 s). The walk is
+#   no longer called; it stays installed, granted to nobody, so that migrating back needs it.
 # And the three doors move to a schema of their own, "dbqueue", which only their owner (the role
 # that migrates) can create objects in. Until now they lived in the schema of the tables
 # (public), and a caller's unqualified call, dbqueue_enqueue('noop', '{"a": 1}') as docs/sql.md
@@ -186,6 +188,7 @@ DECLARE
     deeper jsonpath;
     k text;
     steps text := '';
+    equal CONSTANT jsonpath := 'strict $.** ? (@.type() == "number" && @ == $v)';
 BEGIN
     IF jsonb_path_exists(p_payload,
                          'strict $.**{100} ? (@.type() == "object" || @.type() == "array")') THEN
@@ -193,20 +196,22 @@ BEGIN
         -- level that holds a container one level less deep, found with the same jsonpath.
         node := p_payload;
         FOR level IN 1 .. 2 LOOP
+            EXIT WHEN jsonb_typeof(node) NOT IN ('object', 'array');  -- (never: found above)
+            child := NULL;
             deeper := format('strict $.**{%s} ? (@.type() == "object" || @.type() == "array")',
                              100 - level)::jsonpath;
             IF jsonb_typeof(node) = 'object' THEN
                 FOR k IN SELECT jsonb_object_keys(node) LOOP
-                    child := node -> k;
-                    IF jsonb_path_exists(child, deeper) THEN
+                    IF jsonb_path_exists(node -> k, deeper) THEN
+                        child := node -> k;
                         steps := steps || '[' || to_json(k)::text || ']';
                         EXIT;
                     END IF;
                 END LOOP;
             ELSE
                 FOR i IN 0 .. jsonb_array_length(node) - 1 LOOP
-                    child := node -> i;
-                    IF jsonb_path_exists(child, deeper) THEN
+                    IF jsonb_path_exists(node -> i, deeper) THEN
+                        child := node -> i;
                         steps := steps || '[' || i::text || ']';
                         EXIT;
                     END IF;
@@ -222,12 +227,31 @@ BEGIN
     FOR v IN SELECT x::numeric FROM jsonb_path_query(p_payload, suspect) AS x LOOP
         problem := {schema}.dbqueue_enqueue_number_problem(v::numeric);
         IF problem IS NOT NULL THEN
-            RETURN (
-                SELECT 'payload' || array_to_string(w.o_steps, '')
-                FROM {schema}.dbqueue_enqueue_payload_walk(p_payload::jsonb) AS w
-                WHERE jsonb_typeof(w.o_value) = 'number' AND w.o_value::numeric = v
-                LIMIT 1
-            ) || ' ' || problem;
+            -- Its path: down from the payload, each level into the first child that holds a
+            -- number equal to it (as the jsonpath above compares them).
+            node := p_payload;
+            WHILE jsonb_typeof(node) IN ('object', 'array') LOOP
+                child := NULL;  -- (found in every container on the way; NULL ends the loop)
+                IF jsonb_typeof(node) = 'object' THEN
+                    FOR k IN SELECT jsonb_object_keys(node) LOOP
+                        IF jsonb_path_exists(node -> k, equal, jsonb_build_object('v', v)) THEN
+                            child := node -> k;
+                            steps := steps || '[' || to_json(k)::text || ']';
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                ELSE
+                    FOR i IN 0 .. jsonb_array_length(node) - 1 LOOP
+                        IF jsonb_path_exists(node -> i, equal, jsonb_build_object('v', v)) THEN
+                            child := node -> i;
+                            steps := steps || '[' || i::text || ']';
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                END IF;
+                node := child;
+            END LOOP;
+            RETURN 'payload' || steps || ' ' || problem;
         END IF;
     END LOOP;
     RETURN NULL;

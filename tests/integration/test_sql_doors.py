@@ -482,3 +482,39 @@ def test_every_door_refuses_the_packages_own_idempotency_keys(key):
     # Other keys that merely mention the package are a producer's own.
     for mine in ["dbqueue", "DBQUEUE:event:1:x", "my-dbqueue:1", "dbqueue_x"]:
         assert enqueue("noop", idempotency_key=mine).created
+
+
+def _temp_bytes(conn):
+    """The database's temp_bytes, once ``conn`` reported its statistics."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT 1")
+    with raw_connection() as other:
+        return other.execute(
+            "SELECT temp_bytes FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    ("depth", "tail", "message"),
+    [
+        (100, "", 'payload["a"][0]... is nested more than 100 levels deep'),
+        (98, ", 0.1000000000000000055", 'payload["a"]' + "[0]" * 97 + "[1] is '0.1"),
+    ],
+)
+def test_naming_the_path_of_a_refused_value_costs_about_the_payloads_size(depth, tail, message):
+    """Migration 0029: the path is found by going down with jsonpath tests, not by a walk that
+    copied every subtree at every level into temporary files (finding 11 of the review): a
+    2 MB string at the bottom of {"a": [[...[<string><tail>]...]]}, ``depth`` arrays deep."""
+    deep = (
+        "('{\"a\": ' || repeat('[', %(depth)s) || '\"' || repeat('x', 2000000) || '\"'"
+        " || %(tail)s || repeat(']', %(depth)s) || '}')::jsonb"
+    )
+    params = {"depth": depth, "tail": tail}
+    with raw_connection() as conn:
+        conn.execute("SET work_mem = '4MB'")
+        size = conn.execute(f"SELECT pg_column_size({deep})", params).fetchone()[0]
+        before = _temp_bytes(conn)
+        diag = refusal(conn, f"SELECT dbqueue_enqueue('noop', {deep})", params)
+        written = _temp_bytes(conn) - before
+    assert diag.message_primary.startswith("dbqueue_enqueue: " + message), diag.message_primary
+    assert written < 10 * size, f"{written:,} bytes of temporary files for a {size:,}-byte payload"
