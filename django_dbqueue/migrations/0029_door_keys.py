@@ -549,6 +549,18 @@ def own_schema(apps, schema_editor):
         cursor.execute(DOOR_SCHEMA_STATE, [DOOR_SCHEMA])
         state = cursor.fetchone()
         if state is None:
+            cursor.execute(
+                "SELECT pg_catalog.has_database_privilege("
+                "pg_catalog.current_database(), 'CREATE'::pg_catalog.text), CURRENT_USER::text"
+            )
+            allowed, user = cursor.fetchone()
+            if not allowed:
+                raise RuntimeError(
+                    f"migration 0029: the role {user!r} may not create the schema "
+                    f"{DOOR_SCHEMA!r}, where the SQL doors go (no CREATE on the database). "
+                    f"Create it for this role first: CREATE SCHEMA {doors} AUTHORIZATION "
+                    f"{user}; (docs/sql.md, 'The schema dbqueue')"
+                )
             cursor.execute(f"CREATE SCHEMA {doors}")
         else:
             owned, owner, writers = state

@@ -842,7 +842,7 @@ REACHED_BY = {
     "dbqueue_enqueue_string": "doors, direct",
     "dbqueue_enqueue_payload_problem": "doors, direct",
     "dbqueue_enqueue_number_problem": "doors, direct",
-    "dbqueue_enqueue_payload_walk": "doors, direct",
+    "dbqueue_enqueue_payload_walk": "direct",  # (no longer called by a door: migration 0029)
     "dbqueue_wakeup_wanted": "doors, direct",
     "dbqueue_wake_at_commit": "doors, direct",
     "dbqueue_serial_turn": "direct, claims",
