@@ -811,7 +811,7 @@ class Soak:
         key = f"s{int(d[0] * 5)}" if d[2] < 0.5 else None
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT dbqueue_enqueue('soak-work', %s::jsonb, queue => %s, max_attempts => 3, "
+                "SELECT dbqueue.dbqueue_enqueue('soak-work', %s::jsonb, queue => %s, max_attempts => 3, "
                 "lease_seconds => %s, serial_key => %s)",
                 [json.dumps(payload), queue_name, float(soak_settings.LEASE), key],
             )

@@ -7,7 +7,7 @@ language, next to the Python call and next to a plain INSERT of the same row? Th
 ``default``), committed, timed from before the first to after the last commit:
 
   enqueue       ``transaction.atomic()`` + ``enqueue(type, payload)`` on Django's connection
-  sql           psycopg: ``BEGIN; SELECT dbqueue_enqueue(%s, %s::jsonb); COMMIT``
+  sql           psycopg: ``BEGIN; SELECT dbqueue.dbqueue_enqueue(%s, %s::jsonb); COMMIT``
   plain-insert  psycopg: ``BEGIN; INSERT INTO dbqueue_job (...) VALUES (...); COMMIT`` with the
                 same columns (what the function runs, without its checks and its wake-up look)
 
@@ -37,7 +37,7 @@ from benchmarks import bench  # noqa: E402
 
 SIDES = ("enqueue", "sql", "plain-insert")
 TYPE = "bench-noop"
-SQL = "SELECT dbqueue_enqueue(%s, %s::jsonb)"
+SQL = "SELECT dbqueue.dbqueue_enqueue(%s, %s::jsonb)"
 PLAIN_INSERT = """
 INSERT INTO dbqueue_job (
     type, queue, payload, state, priority, run_after, attempts, max_attempts, lease_seconds,

@@ -26,6 +26,10 @@ Ids are stable and listed in docs/checks.md:
 - ``dbqueue.W003`` the queue's tables do not exist in its database: run ``manage.py migrate``
   (a database check: ``manage.py check --database default``; silent while ``migrate`` or
   ``makemigrations`` runs the checks, and a warning, so that nothing is stopped by it).
+- ``dbqueue.W005`` a role other than its owner may create objects in the schema of the tables
+  (where the old, unqualified names of the SQL functions are) or in the schema ``dbqueue`` of
+  the SQL doors: it can plant a function that an unqualified call resolves to (a database
+  check, as W003).
 """
 
 import difflib
@@ -35,7 +39,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import connections
 
-from . import registry, schema, validation
+from . import registry, schema, store, validation
 from .conf import DEFAULTS, QUEUE_OPTIONS, RULES, SETTING_NAME, Settings, bounded, get_settings
 from .connections import DB_ERRORS
 
@@ -440,3 +444,42 @@ def check_migrated(app_configs=None, databases=None, **kwargs):
     if message is None:
         return []
     return [Warning(message, hint="Run manage.py migrate.", id="dbqueue.W003")]
+
+
+@register(Tags.database, "dbqueue")
+def check_schema_writers(app_configs=None, databases=None, **kwargs):
+    """``dbqueue.W005``: roles other than the owner may create objects in the schema of the
+    tables or of the SQL doors (docs/sql.md, "Privileges"). A database check, as W003; silent
+    when the tables are missing (W003 says so) or the database cannot be asked."""
+    using = get_settings().DATABASE
+    if not databases or using not in databases or using not in connections:
+        return []
+    if _running_migration_command() or connections[using].vendor != "postgresql":
+        return []
+    try:
+        if unmigrated(using) is not None:
+            return []
+        writers = store.schema_writers(using)
+    except DB_ERRORS:
+        return []
+    return [
+        Warning(
+            f"{', '.join(roles)} may create objects in schema {name!r}, which holds "
+            + (
+                "django-dbqueue's SQL doors: such a role can plant a function that a call of "
+                "dbqueue.dbqueue_enqueue() resolves to, and it runs with the caller's rights."
+                if name == "dbqueue"
+                else "django-dbqueue's tables and the old, unqualified names of its SQL "
+                "functions: such a role can plant a function that an unqualified call "
+                "(dbqueue_enqueue(...), or a name in your own SQL) resolves to, and it runs "
+                "with the caller's rights."
+            ),
+            hint=(
+                f"REVOKE CREATE ON SCHEMA {name} FROM "
+                f"{', '.join(roles)}; and call the SQL functions by their schema: "
+                "dbqueue.dbqueue_enqueue(...) (docs/sql.md#privileges)."
+            ),
+            id="dbqueue.W005",
+        )
+        for name, roles in writers.items()
+    ]

@@ -202,7 +202,7 @@ def prepare(
     run_after = run_after_of(run_after)
     delay = 0.0 if delay is None else validation.seconds(delay, "delay", error=EnqueueError)
     if idempotency_key is not None:
-        validation.key(idempotency_key, error=EnqueueError)
+        idempotency_key = validation.producer_key(idempotency_key, error=EnqueueError)
     if flow["fair_key"] is None and (conf.QUEUES.get(queue) or {}).get("fair") is True:
         # A fair queue's job without a key takes the shared key (docs/fairness.md): a NULL key
         # would leave it out of the fair index, claimed only as a plain claim would.

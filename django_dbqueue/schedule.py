@@ -32,6 +32,8 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 
+from .validation import PackageKey
+
 UTC = datetime.UTC
 # Larger than any daylight-saving shift in the tz database (2 hours, Antarctica/Troll): how far
 # past a bound a search starts so that a repeated hour cannot hide a tick from it.
@@ -179,4 +181,4 @@ class Schedule:
 
     def key(self, tick):
         """The idempotency key of the job for ``tick``: one job per tick, whichever worker."""
-        return f"dbqueue-schedule:{self.name}:{tick.astimezone(UTC).isoformat()}"
+        return PackageKey(f"dbqueue-schedule:{self.name}:{tick.astimezone(UTC).isoformat()}")

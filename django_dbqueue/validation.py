@@ -113,6 +113,35 @@ def key(value, label="idempotency_key", error=ValueError):
     return name(value, label, max_length=MAX_KEY, error=error)
 
 
+# The idempotency keys of the package's own jobs begin so: an event's subscribers
+# ('dbqueue:event:<id>:<type>', store/events.py) and a schedule's ticks
+# ('dbqueue-schedule:<entry>:<tick>', schedule.Schedule.key). Both can be computed in advance
+# (event ids are a sequence, ticks are arithmetic), so a producer that took one could make
+# publish() fail, a replay skip a subscriber or its own job stand in for a periodic one. Every
+# producer door refuses them: enqueue(), enqueue_many() and the SQL functions (migration 0029).
+RESERVED_KEY_PREFIXES = ("dbqueue:", "dbqueue-")
+
+
+class PackageKey(str):
+    """An idempotency key the package makes for a job of its own (a schedule's tick): the one
+    kind of key that :func:`producer_key` lets start with a reserved prefix."""
+
+    __slots__ = ()
+
+
+def producer_key(value, label="idempotency_key", error=ValueError):
+    """An idempotency key a producer may use: :func:`key`'s rules, and not one of the package's
+    own (:data:`RESERVED_KEY_PREFIXES`) unless it is a :class:`PackageKey`. Returns a plain str."""
+    key(value, label, error=error)
+    if value.startswith(RESERVED_KEY_PREFIXES) and not isinstance(value, PackageKey):
+        raise error(
+            f"{label} {shown(value)} starts with {shown(value[:8])}, which is reserved for the "
+            "keys of the package's own jobs (an event's subscribers, a schedule's ticks); use a "
+            "prefix of your own, e.g. 'invoice-email:42'"
+        )
+    return str(value)
+
+
 UNIQUE_WHILE = ("pending", "active")
 
 

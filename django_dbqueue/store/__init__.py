@@ -98,7 +98,7 @@ from .schedule import (
     schedule_state,
     schedule_status,
 )
-from .schema import applied_migrations, missing_tables
+from .schema import applied_migrations, missing_tables, schema_writers
 from .steps import (
     db_now,
     list_steps,
@@ -120,8 +120,8 @@ from .workers import announce_worker, forget_expired_workers, live_workers, with
 from .workflows import dependency_results, insert_workflow, workflow_neighbours
 
 __all__ = [
-    "AliasSession",  # django_dbqueue.testing runs the acknowledger's writes through it
-    "ClaimedRow",  # imported by a process-mode child (processes.py)
+    "AliasSession",
+    "ClaimedRow",
     "StoredEntry",
     "advance_clock",
     "advance_schedule",
@@ -210,6 +210,7 @@ __all__ = [
     "save_step",
     "schedule_state",
     "schedule_status",
+    "schema_writers",
     "settle_deliveries",
     "settle_delivery",
     "signal_job",

@@ -36,7 +36,8 @@ def idle_worker(start_worker):
 def test_a_job_enqueued_from_a_raw_connection_runs_woken_at_the_commit(idle_worker):
     with raw_connection() as raw:  # a transaction, as psycopg opens one by default
         (job_id,) = raw.execute(
-            "SELECT dbqueue_enqueue('record', %s::jsonb, priority => 5)", ['{"from": "sql"}']
+            "SELECT dbqueue.dbqueue_enqueue('record', %s::jsonb, priority => 5)",
+            ['{"from": "sql"}'],
         ).fetchone()
         # Uncommitted, the job is invisible to the worker and to this test's own session.
         assert rows("SELECT count(*) FROM dbqueue_job WHERE id = %s", [job_id]) == [(0,)]
@@ -48,9 +49,9 @@ def test_a_job_enqueued_from_a_raw_connection_runs_woken_at_the_commit(idle_work
 
 def test_a_rolled_back_enqueue_leaves_nothing_and_the_next_one_runs(idle_worker):
     with raw_connection() as raw:
-        (lost,) = raw.execute("SELECT dbqueue_enqueue('record', '{}')").fetchone()
+        (lost,) = raw.execute("SELECT dbqueue.dbqueue_enqueue('record', '{}')").fetchone()
         raw.rollback()
-        (kept,) = raw.execute("SELECT dbqueue_enqueue('record', '{}')").fetchone()
+        (kept,) = raw.execute("SELECT dbqueue.dbqueue_enqueue('record', '{}')").fetchone()
         raw.commit()
     assert seconds_until_done(kept, timeout=2.0) < 2.0
     assert rows("SELECT count(*) FROM dbqueue_job WHERE id = %s", [lost]) == [(0,)]
@@ -64,7 +65,7 @@ def test_a_trigger_enqueues_a_job_the_worker_runs_when_a_row_is_inserted(idle_wo
             """
             CREATE FUNCTION sql_enqueue_signup_job() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
-                PERFORM dbqueue_enqueue('record', jsonb_build_object('signup', NEW.id));
+                PERFORM dbqueue.dbqueue_enqueue('record', jsonb_build_object('signup', NEW.id));
                 RETURN NEW;
             END $$
             """

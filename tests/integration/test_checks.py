@@ -170,3 +170,31 @@ def test_the_bound_of_concurrency_is_the_commands_bound():
     from django_dbqueue.management.arguments import MAX_CONCURRENCY
 
     assert MAX_CONCURRENCY == validation.MAX_CONCURRENCY == 1000
+
+
+@pytest.mark.django_db
+def test_w005_names_who_may_create_objects_in_the_schemas_of_the_tables_and_the_doors():
+    """A database check: silent without --database, and while only the owners may create
+    objects in public and dbqueue; then it names every other role, PUBLIC included."""
+    from django.db import connection
+
+    from django_dbqueue.checks import check_schema_writers
+
+    assert check_schema_writers() == []
+    assert check_schema_writers(databases=["default"]) == []
+    with connection.cursor() as cursor:
+        cursor.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+        cursor.execute("GRANT CREATE ON SCHEMA dbqueue TO PUBLIC")
+    try:
+        found = check_schema_writers(databases=["default"])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+            cursor.execute("REVOKE CREATE ON SCHEMA dbqueue FROM PUBLIC")
+    assert [(w.id, w.msg.split(" may")[0]) for w in found] == [
+        ("dbqueue.W005", "PUBLIC"),
+        ("dbqueue.W005", "PUBLIC"),
+    ]
+    assert "schema 'dbqueue', which holds django-dbqueue's SQL doors" in found[0].msg
+    assert "schema 'public', which holds django-dbqueue's tables" in found[1].msg
+    assert found[1].hint.startswith("REVOKE CREATE ON SCHEMA public FROM PUBLIC;")

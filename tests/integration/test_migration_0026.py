@@ -70,7 +70,9 @@ def test_back_to_0025_restores_every_function_and_forward_hardens_them_again():
         assert len(before) == 27
         call_command("migrate", "django_dbqueue", database=alias, verbosity=0)
         hardened = functions(params)
-        assert len(hardened) == 31
+        # 0026 added four; 0029 moved the three doors to the schema dbqueue and put a wrapper
+        # under each old name.
+        assert len(hardened) == 34
         for signature, _text, config, _acl in hardened:
             name = signature.split("(")[0]
             if name in UNPINNED:

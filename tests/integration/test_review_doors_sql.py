@@ -14,22 +14,27 @@ trigger, and publish()/replay_event() on Django's connection.
 import contextlib
 import datetime
 import hashlib
+import pathlib
 
 import psycopg
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 
 from django_dbqueue import enqueue, publish, replay_event
+from django_dbqueue.checks import check_schema_writers
 from django_dbqueue.connections import connection_params
+from django_dbqueue.exceptions import EnqueueError
 from django_dbqueue.scheduler import Scheduler
 from tests.utils import job_row, scalar
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
+
 PRODUCER_GRANT = (
-    "GRANT EXECUTE ON FUNCTION dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval,"
-    " int, double precision, text, text, text, boolean, text), dbqueue_enqueue_many(jsonb)"
-    " TO {role}"
+    "GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_enqueue(text, jsonb, text, int, timestamptz,"
+    " interval, int, double precision, text, text, text, boolean, text),"
+    " dbqueue.dbqueue_enqueue_many(jsonb) TO {role}"
 )
 
 
@@ -120,28 +125,34 @@ END $b$;
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1: an overload in public with text for the payload is a better match than "
-    "ours for a call with an untyped literal (the form docs/sql.md shows), so the producer's "
-    "function runs with the caller's rights; docs/sql.md says such a role can only make a call "
-    "ambiguous ('an error, not its code run')",
-)
+# Fixed by migration 0029: the doors are in the schema dbqueue, where only their owner can create
+# a function, and docs/sql.md shows only calls qualified with it, which PostgreSQL resolves in
+# that schema alone. An unqualified call (the old names, now wrappers in public) is as safe as
+# the schemas on its caller's search_path: the database check dbqueue.W005 names the roles that
+# can create objects there.
 def test_a_producers_overload_never_runs_as_the_caller_of_the_documented_calls(owner, producer):
     producer.run(HIJACKS)
     # The calls as docs/sql.md writes them (its error example, its debounce example, and a
     # psql-style batch), made by a superuser, whose session's search_path is the default one.
-    [(job_id,)] = owner.run("""SELECT dbqueue_enqueue('noop', '{"a": 1}')""")
-    [(ids,)] = owner.run("""SELECT dbqueue_enqueue_many('[["noop", {"b": 2}]]')""")
+    [(job_id,)] = owner.run("""SELECT dbqueue.dbqueue_enqueue('noop', '{"a": 1}')""")
+    [(ids,)] = owner.run("""SELECT dbqueue.dbqueue_enqueue_many('[["noop", {"b": 2}]]')""")
     [(debounced,)] = owner.run(
-        """SELECT dbqueue_debounce('noop', '{"shop": 7}', 'reindex:7',
-                                   delay => interval '30 seconds')"""
+        """SELECT dbqueue.dbqueue_debounce('noop', '{"shop": 7}', 'reindex:7',
+                                           delay => interval '30 seconds')"""
     )
     assert ran_as(owner) == []  # no body of the producer's ran, as anybody
     assert job_row(job_id)["payload"] == {"a": 1}
     assert [job_row(i)["payload"] for i in ids] == [{"b": 2}]
     assert job_row(debounced)["unique_key"] == "reindex:7"
     assert not owner.run("SELECT rolsuper FROM pg_roles WHERE rolname = %s", [producer.role])[0][0]
+    # Nobody but the owner can create a function where the doors are.
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        producer.run(HIJACKS.replace("public.dbqueue_", "dbqueue.dbqueue_"))
+    # The producer's CREATE on public is what the database check names.
+    warnings = check_schema_writers(databases=["default"])
+    assert [w.id for w in warnings] == ["dbqueue.W005"]
+    assert producer.role in warnings[0].msg and "'public'" in warnings[0].msg
+    assert f"REVOKE CREATE ON SCHEMA public FROM {producer.role}" in warnings[0].hint
 
 
 # -- finding 2: an overload with the trigger's own signature makes every INSERT of the table fail --
@@ -150,7 +161,7 @@ TRIGGER = """
 CREATE TABLE public.dbq_review_order (id bigint PRIMARY KEY);
 CREATE FUNCTION public.dbq_review_order_created() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM dbqueue_enqueue(
+    PERFORM dbqueue.dbqueue_enqueue(
         'send-order-confirmation',
         jsonb_build_object('order_id', NEW.id),
         queue => 'emails',
@@ -172,12 +183,8 @@ def shop_trigger(owner):
     owner.run("DROP FUNCTION IF EXISTS public.dbq_review_order_created()")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2: a producer's dbqueue_enqueue(text, jsonb, text, text) in public makes "
-    "the trigger of docs/sql.md ambiguous ('function ... is not unique'): every INSERT into "
-    "the application's table fails, not only its enqueue (documented as 'an error', unranked)",
-)
+# Fixed by migration 0029: the trigger of docs/sql.md calls dbqueue.dbqueue_enqueue(), which an
+# overload in public cannot make ambiguous.
 def test_a_producers_overload_does_not_make_the_documented_trigger_fail(
     owner, producer, shop_trigger
 ):
@@ -190,7 +197,7 @@ def test_a_producers_overload_does_not_make_the_documented_trigger_fail(
         RETURNS bigint LANGUAGE sql AS $b$ SELECT -1::bigint $b$
         """
     )
-    owner.run("INSERT INTO public.dbq_review_order VALUES (2)")  # ambiguous: refused today
+    owner.run("INSERT INTO public.dbq_review_order VALUES (2)")  # was ambiguous before 0029
     assert (
         scalar(
             "SELECT count(*) FROM dbqueue_job WHERE idempotency_key LIKE 'order-confirmation:%%'"
@@ -210,20 +217,30 @@ def _next_event_id():
 
 
 def _plant(producer, key):
-    """The producer takes ``key`` with a job of its own choosing (type and payload)."""
-    return producer.run(
-        "SELECT dbqueue_enqueue('noop', '{\"planted\": true}'::jsonb, idempotency_key => %s)",
-        [key],
-    )[0][0]
+    """The producer tries to take ``key`` with a job of its own choosing (type and payload),
+    through each of its doors: each refuses, naming the key (migration 0029)."""
+    calls = [
+        (
+            "SELECT dbqueue_enqueue('noop', '{\"planted\": true}'::jsonb, idempotency_key => %s)",
+            "dbqueue_enqueue: idempotency_key ",
+        ),
+        (
+            "SELECT dbqueue_enqueue_many(jsonb_build_array(jsonb_build_object("
+            "'type', 'noop', 'payload', '{\"planted\": true}'::jsonb, 'idempotency_key', %s::text)))",
+            "dbqueue_enqueue_many: jobs[0]: idempotency_key ",
+        ),
+    ]
+    for sql, start in calls:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            producer.run(sql, [key])
+        message = caught.value.diag.message_primary
+        assert message.startswith(start), message
+        assert "reserved for the keys of the package's own jobs" in message
+    with pytest.raises(EnqueueError, match="reserved for the keys of the package's own jobs"):
+        enqueue("noop", {"planted": True}, idempotency_key=key)
+    assert scalar("SELECT count(*) FROM dbqueue_job WHERE idempotency_key = %s", [key]) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IntegrityError,
-    reason="finding 3a: a producer that takes 'dbqueue:event:<next id>:<subscriber>' (event ids "
-    "are a sequence) makes publish() fail with IntegrityError: the application's transaction "
-    "that publishes rolls back (store/events.py PUBLISH_EVENT inserts with no ON CONFLICT)",
-)
 def test_a_producer_cannot_make_publish_fail_by_taking_an_event_key(producer):
     first = _next_event_id()
     for event_id in range(first, first + 5):  # the next five events, for one subscriber
@@ -244,27 +261,14 @@ def test_a_producer_cannot_make_publish_fail_by_taking_an_event_key(producer):
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3b: a producer that takes 'dbqueue:event:<id>:<type>' makes replay_event() "
-    "return no job for that subscriber, silently, while its planted job (any type, any "
-    "payload) stands in (store/events.py REPLAY_EVENT's ON CONFLICT DO NOTHING)",
-)
 def test_a_producer_cannot_make_a_replay_skip_a_subscriber(producer):
     event = publish("test.invoice.paid", {"invoice": 8})
-    planted = _plant(producer, f"dbqueue:event:{event.id}:late-subscriber")
+    _plant(producer, f"dbqueue:event:{event.id}:late-subscriber")
     made = replay_event(event.id, ["late-subscriber"])
     assert [job.type for job in made] == ["late-subscriber"]
-    assert made[0].id != planted
     assert job_row(made[0].id)["event_id"] == event.id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3c: a producer that takes 'dbqueue-schedule:<entry>:<tick>' (the tick is "
-    "plain arithmetic) replaces that periodic job by its own: the scheduler's enqueue() gets "
-    "the planted job back and records the tick as done (schedule.Schedule.key)",
-)
 def test_a_producer_cannot_stand_in_for_a_periodic_job(producer, settings):
     settings.DBQUEUE = {
         "QUEUES": {"default": {}},
@@ -281,25 +285,21 @@ def test_a_producer_cannot_stand_in_for_a_periodic_job(producer, settings):
         )
         tick = cursor.fetchone()[0]
     key = f"dbqueue-schedule:hourly:{tick.astimezone(datetime.UTC).isoformat()}"
-    planted = _plant(producer, key)
+    _plant(producer, key)
     Scheduler().run_once()
     row = job_row(scalar("SELECT id FROM dbqueue_job WHERE idempotency_key = %s", [key]))
-    assert row["id"] != planted
     assert (row["type"], row["payload"]) == ("echo", {"a": 1})
 
 
-# -- finding 9: the debounce grant brings another producer's job forward, not only back ----------
+# -- finding 9: the debounce grant sets another producer's run_after, earlier included ------------
+# docs/sql.md said the grant lets a role "push back" the run_after; it sets it to this call's,
+# as enqueue(debounce=True) does (the last call wins: a debounce resets the timer). The docs now
+# say so, and that the role can make such a job due now.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 9: docs/sql.md says the dbqueue_debounce() grant lets a role 'push back the "
-    "run_after' of another producer's pending job; it sets it to any time, earlier included, "
-    "so a job scheduled for next month runs now (dbqueue_enqueue_row's DO UPDATE)",
-)
-def test_the_debounce_grant_only_pushes_another_producers_job_back(owner, producer):
+def test_the_debounce_grant_sets_another_producers_run_after_as_the_docs_say(owner, producer):
     owner.run(
-        "GRANT EXECUTE ON FUNCTION dbqueue_debounce(text, jsonb, text, text, int, timestamptz,"
+        "GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_debounce(text, jsonb, text, text, int, timestamptz,"
         f" interval, int, double precision, text) TO {producer.role}"
     )
     job = enqueue(
@@ -314,19 +314,37 @@ def test_the_debounce_grant_only_pushes_another_producers_job_back(owner, produc
         "SELECT dbqueue_debounce('noop', '{}'::jsonb, 'monthly-report', run_after => now())"
     )
     assert same == job.id
-    assert job_row(job.id)["run_after"] >= before
+    assert job_row(job.id)["run_after"] < before  # made due now, as documented
+    assert job_row(job.id)["payload"] == {}
+    # Python's door does the same.
+    enqueue(
+        "noop",
+        {"n": 2},
+        unique_key="monthly-report",
+        unique_while="pending",
+        debounce=True,
+        delay=86400,
+    )
+    again = job_row(job.id)["run_after"]
+    assert again > before - datetime.timedelta(days=29)
+    enqueue(
+        "noop",
+        {"n": 3},
+        unique_key="monthly-report",
+        unique_while="pending",
+        debounce=True,
+        delay=0,
+    )
+    assert job_row(job.id)["run_after"] < again
+    with open(DOCS / "sql.md", encoding="utf-8") as docs:
+        text = " ".join(docs.read().split())
+    assert "earlier or later than the one it replaces" in text
+    assert "push back the `run_after`" not in text
 
 
 # -- finding 10: a run_after offset PostgreSQL refuses is not the function's named refusal ------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 10: dbqueue_enqueue_many() lets a run_after with an offset of +16:00 past "
-    "its ISO check, and PostgreSQL's own 'time zone displacement out of range' (22009) comes "
-    "out, naming neither the function nor the item (its EXCEPTION clause omits "
-    "invalid_time_zone_displacement_value)",
-)
 def test_enqueue_many_names_the_item_of_an_offset_out_of_range(producer):
     with pytest.raises(psycopg.Error) as caught:
         producer.run(
@@ -349,13 +367,6 @@ def _temp_bytes(owner, flushing):
     return owner.run(TEMP_BYTES)[0][0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 11: the refusal of a payload nested 101 deep walks it with "
-    "dbqueue_enqueue_payload_walk(), whose recursive CTE copies every subtree at every level "
-    "into a tuplestore: ~200x the payload in temporary files (a 2 MB payload: ~400 MB; 10 MB: "
-    "26 s), to print the first two steps of the path",
-)
 def test_refusing_a_deep_payload_costs_about_its_size(owner, producer):
     producer.run("SET work_mem = '4MB'")  # the default, whatever the server's is
     deep = "('{\"a\":' || repeat('[', 101) || '\"' || repeat('x', 2000000) || '\"' || " + (

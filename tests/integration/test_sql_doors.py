@@ -23,9 +23,9 @@ from django.db import connection
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_dbqueue import enqueue, payloads, validation
+from django_dbqueue import enqueue, enqueue_many, payloads, validation
 from django_dbqueue.connections import connection_params
-from django_dbqueue.exceptions import PayloadError
+from django_dbqueue.exceptions import EnqueueError, PayloadError
 from tests.integration.test_enqueue import same
 from tests.utils import job_row, scalar
 
@@ -435,3 +435,86 @@ def test_lease_and_delay_past_a_doubles_range_are_refused_by_name():
                 [f'[{{"type": "noop", "{key}": {value}}}]'],
             )
             assert diag.message_primary.startswith(f"dbqueue_enqueue_many: jobs[0]: {key} must be")
+
+
+@pytest.mark.parametrize("offset", ["+16:00", "-16:00", "+23:59", "+9900"])
+def test_enqueue_many_refuses_an_offset_postgresql_cannot_read_by_name(offset):
+    """Migration 0029: an offset past PostgreSQL's +-15:59 passes the ISO shape; it is the
+    function's refusal (22023, the item named), not PostgreSQL's 22009 naming nothing."""
+    jobs = [{"type": "noop"}, {"type": "noop", "run_after": f"2030-01-01T00:00:00{offset}"}]
+    with raw_connection() as conn:
+        diag = refusal(conn, "SELECT dbqueue_enqueue_many(%s::jsonb)", [json.dumps(jobs)])
+    assert diag.message_primary == (
+        "dbqueue_enqueue_many: jobs[1]: run_after must have a UTC offset from -15:59 to +15:59 "
+        f"(what PostgreSQL reads), got '2030-01-01T00:00:00{offset}'"
+    )
+    assert scalar("SELECT count(*) FROM dbqueue_job") == 0
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["dbqueue:event:1:email", "dbqueue-schedule:hourly:2030-01-01T00:00:00+00:00", "dbqueue-"],
+)
+def test_every_door_refuses_the_packages_own_idempotency_keys(key):
+    """Migration 0029 and validation.producer_key(): a key of the package's own jobs (events,
+    schedules) is refused at every producer door, worded alike."""
+    reason = "reserved for the keys of the package's own jobs (an event's subscribers, a schedule's"
+    with raw_connection() as conn:
+        diag = refusal(conn, "SELECT dbqueue_enqueue('noop', idempotency_key => %s)", [key])
+        assert diag.message_primary.startswith(f"dbqueue_enqueue: idempotency_key '{key}'")
+        assert reason in diag.message_primary
+        diag = refusal(
+            conn,
+            "SELECT dbqueue_enqueue_many(jsonb_build_array(jsonb_build_object("
+            "'type', 'noop', 'idempotency_key', %s::text)))",
+            [key],
+        )
+        assert diag.message_primary.startswith(
+            f"dbqueue_enqueue_many: jobs[0]: idempotency_key '{key}'"
+        )
+    with pytest.raises(EnqueueError) as caught:
+        enqueue("noop", idempotency_key=key)
+    assert str(caught.value).startswith(f"idempotency_key '{key}' starts with")
+    assert reason in str(caught.value)
+    with pytest.raises(EnqueueError, match="reserved"):
+        enqueue_many([{"type": "noop", "idempotency_key": key}])
+    assert scalar("SELECT count(*) FROM dbqueue_job") == 0
+    # Other keys that merely mention the package are a producer's own.
+    for mine in ["dbqueue", "DBQUEUE:event:1:x", "my-dbqueue:1", "dbqueue_x"]:
+        assert enqueue("noop", idempotency_key=mine).created
+
+
+def _temp_bytes(conn):
+    """The database's temp_bytes, once ``conn`` reported its statistics."""
+    conn.execute("SELECT pg_stat_force_next_flush()")
+    conn.execute("SELECT 1")
+    with raw_connection() as other:
+        return other.execute(
+            "SELECT temp_bytes FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()[0]
+
+
+@pytest.mark.parametrize(
+    ("depth", "tail", "message"),
+    [
+        (100, "", 'payload["a"][0]... is nested more than 100 levels deep'),
+        (98, ", 0.1000000000000000055", 'payload["a"]' + "[0]" * 97 + "[1] is '0.1"),
+    ],
+)
+def test_naming_the_path_of_a_refused_value_costs_about_the_payloads_size(depth, tail, message):
+    """Migration 0029: the path is found by going down with jsonpath tests, not by a walk that
+    copied every subtree at every level into temporary files (finding 11 of the review): a
+    2 MB string at the bottom of {"a": [[...[<string><tail>]...]]}, ``depth`` arrays deep."""
+    deep = (
+        "('{\"a\": ' || repeat('[', %(depth)s) || '\"' || repeat('x', 2000000) || '\"'"
+        " || %(tail)s || repeat(']', %(depth)s) || '}')::jsonb"
+    )
+    params = {"depth": depth, "tail": tail}
+    with raw_connection() as conn:
+        conn.execute("SET work_mem = '4MB'")
+        size = conn.execute(f"SELECT pg_column_size({deep})", params).fetchone()[0]
+        before = _temp_bytes(conn)
+        diag = refusal(conn, f"SELECT dbqueue_enqueue('noop', {deep})", params)
+        written = _temp_bytes(conn) - before
+    assert diag.message_primary.startswith("dbqueue_enqueue: " + message), diag.message_primary
+    assert written < 10 * size, f"{written:,} bytes of temporary files for a {size:,}-byte payload"

@@ -374,22 +374,28 @@ def test_many_checks_every_item_before_writing_and_names_its_index(raw, jobs, fr
 def test_the_functions_are_not_public_and_pin_their_search_path(raw):
     # (Migration 0026: the path names no schema a caller can write; tests/integration/
     # test_sql_security.py attacks them.)
+    # (Migration 0029: the doors, SECURITY DEFINER, are in the schema dbqueue; under their old
+    # names in public, wrappers that run as their caller forward to them, so anybody may call
+    # a wrapper: the door checks the caller's EXECUTE.)
     rows = raw.execute(
         """
-        SELECT p.proname, p.prosecdef, p.proconfig,
+        SELECT p.proname, p.pronamespace::regnamespace::text, p.prosecdef, p.proconfig,
                has_function_privilege('public', p.oid, 'EXECUTE')
         FROM pg_proc AS p WHERE p.proname LIKE 'dbqueue\\_enqueue%%'
            OR p.proname IN ('dbqueue_wakeup_wanted', 'dbqueue_wake_at_commit',
                             'dbqueue_debounce')
         """
     ).fetchall()
-    assert len(rows) == 14
-    for name, definer, config, public in rows:
-        assert not public, name
+    assert len(rows) == 17
+    doors = {"dbqueue_enqueue", "dbqueue_enqueue_many", "dbqueue_debounce"}
+    assert {(name, schema) for name, schema, *_ in rows if schema == "dbqueue"} == {
+        (door, "dbqueue") for door in doors
+    }
+    for name, schema, definer, config, public in rows:
+        wrapper = name in doors and schema == "public"
+        assert public == wrapper, (name, schema)
         assert "search_path=pg_catalog, pg_temp" in config, (name, config)
-        assert definer == (
-            name in ("dbqueue_enqueue", "dbqueue_enqueue_many", "dbqueue_debounce")
-        ), name
+        assert definer == (schema == "dbqueue"), (name, schema)
 
 
 def test_a_role_granted_execute_only_can_enqueue_and_nothing_else(raw):
@@ -398,21 +404,23 @@ def test_a_role_granted_execute_only_can_enqueue_and_nothing_else(raw):
     raw.execute(f"CREATE ROLE {role}")
     try:
         raw.execute(
-            f"GRANT EXECUTE ON FUNCTION dbqueue_enqueue(text, jsonb, text, int, "
+            f"GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_enqueue(text, jsonb, text, int, "
             f"timestamptz, interval, int, double precision, text, text, text, boolean, "
             f"text) TO {role}"
         )
         with raw.transaction(force_rollback=True):
             raw.execute(f"SET LOCAL ROLE {role}")
-            job_id = sql_enqueue(raw, "noop")
+            job_id = sql_enqueue(raw, "noop", function="dbqueue.dbqueue_enqueue")
             assert job_id
+            # and through the old name's wrapper, which forwards to the door
+            assert sql_enqueue(raw, "noop") > job_id
             with pytest.raises(psycopg.errors.InsufficientPrivilege), raw.transaction():
                 raw.execute("SELECT count(*) FROM dbqueue_job")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                raw.execute("SELECT dbqueue_enqueue_many('[]')")
+                raw.execute("SELECT dbqueue.dbqueue_enqueue_many('[]')")
     finally:
         raw.execute(
-            f"REVOKE ALL ON FUNCTION dbqueue_enqueue(text, jsonb, text, int, "
+            f"REVOKE ALL ON FUNCTION dbqueue.dbqueue_enqueue(text, jsonb, text, int, "
             f"timestamptz, interval, int, double precision, text, text, text, boolean, "
             f"text) FROM {role}"
         )

@@ -145,11 +145,11 @@ def attacker(owner):
     owner.run(f"DROP ROLE IF EXISTS {role}")
     owner.run(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
     owner.run(f"GRANT CREATE ON SCHEMA public TO {role}")
-    for door in (
-        "dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval, int, double precision,"
-        " text, text, text, boolean, text)",
-        "dbqueue_enqueue_many(jsonb)",
-        "dbqueue_debounce(text, jsonb, text, text, int, timestamptz, interval, int,"
+    for door in (  # (in the schema dbqueue since migration 0029)
+        "dbqueue.dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval, int,"
+        " double precision, text, text, text, boolean, text)",
+        "dbqueue.dbqueue_enqueue_many(jsonb)",
+        "dbqueue.dbqueue_debounce(text, jsonb, text, text, int, timestamptz, interval, int,"
         " double precision, text)",
     ):
         if owner.run("SELECT to_regprocedure(%s) IS NOT NULL", [door])[0][0]:
@@ -665,8 +665,21 @@ def call_doors(attacker):
         """SELECT public.dbqueue_enqueue_many('[{"type": "noop", "lease_seconds": 0}]'::jsonb)""",
         """SELECT public.dbqueue_enqueue_many('[{"type": "noop", "delay": -1}]'::jsonb)""",
         """SELECT public.dbqueue_enqueue_many('[{"type": "noop", "run_after": "tomorrow"}]')""",
+        """SELECT public.dbqueue_enqueue_many('[{"type": "noop",
+            "run_after": "2030-01-01T00:00:00+16:00"}]')""",
+        f"SELECT {enqueue}('noop'::text, idempotency_key => 'dbqueue:event:1:x'::text)",
+        """SELECT public.dbqueue_enqueue_many('[{"type": "noop",
+            "idempotency_key": "dbqueue-schedule:x"}]')""",
         "SELECT public.dbqueue_debounce('noop'::text, '{}'::jsonb, NULL::text)",
     ]
+    # The documented calls, qualified with the doors' schema (migration 0029); the ones above
+    # name the old names in public, wrappers that forward to them.
+    good += [
+        sql.replace("public.dbqueue_", "dbqueue.dbqueue_")
+        for sql in good
+        if "public.dbqueue_" in sql and "dbq_evil" not in sql
+    ]
+    bad += [sql.replace("public.dbqueue_", "dbqueue.dbqueue_") for sql in bad]
     debounce = _exists(attacker, "dbqueue_debounce")
     surprises = []
     for path in ["DEFAULT", "public, pg_temp, pg_catalog", "pg_temp, public"]:
@@ -829,7 +842,7 @@ REACHED_BY = {
     "dbqueue_enqueue_string": "doors, direct",
     "dbqueue_enqueue_payload_problem": "doors, direct",
     "dbqueue_enqueue_number_problem": "doors, direct",
-    "dbqueue_enqueue_payload_walk": "doors, direct",
+    "dbqueue_enqueue_payload_walk": "direct",  # (no longer called by a door: migration 0029)
     "dbqueue_wakeup_wanted": "doors, direct",
     "dbqueue_wake_at_commit": "doors, direct",
     "dbqueue_serial_turn": "direct, claims",
@@ -966,12 +979,13 @@ def test_no_planted_object_runs_as_anybody_but_the_role_that_planted_it(owner, a
 # -- the grants of docs/sql.md, exactly -----------------------------------------------------------
 
 PRODUCER_GRANT = (
-    "GRANT EXECUTE ON FUNCTION dbqueue_enqueue(text, jsonb, text, int, timestamptz, interval,"
-    " int, double precision, text, text, text, boolean, text), dbqueue_enqueue_many(jsonb) TO {}"
+    "GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_enqueue(text, jsonb, text, int, timestamptz,"
+    " interval, int, double precision, text, text, text, boolean, text),"
+    " dbqueue.dbqueue_enqueue_many(jsonb) TO {}"
 )
 DEBOUNCE_GRANT = (
-    "GRANT EXECUTE ON FUNCTION dbqueue_debounce(text, jsonb, text, text, int, timestamptz,"
-    " interval, int, double precision, text) TO {}"
+    "GRANT EXECUTE ON FUNCTION dbqueue.dbqueue_debounce(text, jsonb, text, text, int,"
+    " timestamptz, interval, int, double precision, text) TO {}"
 )
 
 

@@ -220,3 +220,15 @@ def test_a_timestamp_out_of_the_range_is_named_never_an_overflow(value, got):
 def test_a_timestamp_that_is_not_an_aware_datetime_is_named(value, message):
     with pytest.raises(ValueError, match=f"^{message[:30]}"):
         validation.timestamp(value, "run_after")
+
+
+def test_a_producer_key_is_not_one_of_the_packages_own():
+    for reserved in ["dbqueue:event:7:x", "dbqueue-schedule:a:b", "dbqueue-"]:
+        with pytest.raises(EnqueueError, match="reserved for the keys of the package's own jobs"):
+            validation.producer_key(reserved, error=EnqueueError)
+        made = validation.producer_key(validation.PackageKey(reserved))
+        assert made == reserved and type(made) is str  # the package's own, as a plain str
+    for mine in ["dbqueue", "Dbqueue:1", "x-dbqueue:1", "invoice-email:42"]:
+        assert validation.producer_key(mine) == mine
+    with pytest.raises(ValueError, match="non-empty string"):
+        validation.producer_key("")
