@@ -93,11 +93,16 @@ SELECT 'pressure-chain', %(queue)s, jsonb_build_object('key', g), 'pending', 0, 
        60.0, '[]'::jsonb, now()
 FROM generate_series(%(first)s::int, %(last)s::int) AS g
 """
-# The tables of the queue and how much each was used so far: a table whose counters moved during
-# a run is one the run touched (reads count too: the claim reads dbqueue_queue).
+# The tables of the queue and how much each was written and read so far: a table whose counters
+# moved during a run is one the run touched (written: its size and dead tuples are reported; read
+# only, such as dbqueue_queue, which the claim reads: named).
 ACTIVITY = r"""
-SELECT relname, n_tup_ins + n_tup_upd + n_tup_del + coalesce(seq_scan, 0) + coalesce(idx_scan, 0)
+SELECT relname, n_tup_ins + n_tup_upd + n_tup_del, coalesce(seq_scan, 0) + coalesce(idx_scan, 0)
 FROM pg_stat_user_tables WHERE schemaname = current_schema() AND relname LIKE 'dbqueue\_%'
+"""
+VACUUMS = r"""
+SELECT relname, vacuum_count + autovacuum_count FROM pg_stat_user_tables
+WHERE schemaname = current_schema() AND relname LIKE 'dbqueue\_%'
 """
 TABLE_FIGURES = """
 SELECT pg_relation_size(c.oid), pg_total_relation_size(c.oid), s.tuple_count, s.dead_tuple_count,
@@ -313,14 +318,29 @@ def phase_table(phases):
     return lines
 
 
+def touched(snapshots):
+    """The relations to report: dbqueue_job, and every table whose write counters (rows
+    inserted, updated, deleted) moved between the first snapshot and the last (all of them if
+    there is one snapshot), each followed by its indexes; and the tables only read meanwhile."""
+    first, last = snapshots[0]["relations"], snapshots[-1]["relations"]
+
+    def moved(name, key):
+        return len(snapshots) == 1 or last[name][key] > first.get(name, {}).get(key, 0)
+
+    tables = [t for t, r in last.items() if r["kind"] == "table"]
+    written = [t for t in tables if t == "dbqueue_job" or moved(t, "written")]
+    read = [t for t in tables if t not in written and moved(t, "read")]
+    names = []
+    for table in written:
+        names.append(table)
+        names += [n for n, r in last.items() if r["kind"] == "index" and r["table"] == table]
+    return names, read
+
+
 def relation_tables(snapshots):
     """Two tables, one column per snapshot: each relation's size, then its dead tuples (tables:
     pgstattuple's exact count; indexes: entries marked dead), then a line of totals per snapshot."""
-    names = []
-    for snap in snapshots:
-        for name in snap["relations"]:
-            if name not in names:
-                names.append(name)
+    names, read = touched(snapshots)
     head = f"{'':>40}" + "".join(f" {s['label'][:12]:>12}" for s in snapshots)
     lines = ["size (main fork)", head]
     for name in names:
@@ -338,7 +358,7 @@ def relation_tables(snapshots):
         lines.append(f"{label[:40]:<40}" + "".join(f" {r['dead'] if r else '-':>12}" for r in rel))
     for key, title in (
         ("n_dead_tup", "n_dead_tup (job table)"),
-        ("vacuums", "vacuums so far (job table)"),
+        ("vacuums", "vacuums since start (job table)"),
         ("oldest_xmin_age", "oldest backend xmin age"),
         ("seconds", "snapshot took (s)"),
     ):
@@ -351,6 +371,7 @@ def relation_tables(snapshots):
             )
             values.append("-" if v is None else (f"{v:.1f}" if isinstance(v, float) else str(v)))
         lines.append(f"{title:<40}" + "".join(f" {v:>12}" for v in values))
+    lines.append(f"tables read, not written: {', '.join(read) or '-'}")
     return lines
 
 
@@ -528,7 +549,7 @@ class Run:
         self.holder = None
         self.timeline = Timeline()
         self.snapshots = []
-        self.baseline_activity = dict(admin.execute(ACTIVITY).fetchall())
+        self.baseline_vacuums = dict(admin.execute(VACUUMS).fetchall())
 
     def env(self):
         env = drain_project.child_env(self.env_args, str(self.records_dir))
@@ -616,17 +637,14 @@ class Run:
         return snap
 
     def snapshot(self, label):
-        """Sizes and exact dead tuples of every dbqueue_* table this cell touched so far (its
-        counters moved since the cell began; dbqueue_job always) and of its indexes."""
+        """Sizes and exact dead tuples of every dbqueue_* table and of its indexes, with each
+        table's activity counters (the report keeps the tables whose counters moved between the
+        first snapshot and the last: the ones the steady run touched) and its vacuums since the
+        cell began."""
         began = time.time()
-        activity = dict(self.admin.execute(ACTIVITY).fetchall())
-        tables = sorted(
-            t
-            for t, n in activity.items()
-            if t == "dbqueue_job" or n > self.baseline_activity.get(t, 0)
-        )
+        activity = {t: (w, r) for t, w, r in self.admin.execute(ACTIVITY).fetchall()}
         relations = {}
-        for table in tables:
+        for table in sorted(activity):
             size, total, live, dead, n_dead, vacuums = self.admin.execute(
                 TABLE_FIGURES, {"table": table}
             ).fetchone()
@@ -637,7 +655,9 @@ class Run:
                 "live": live,
                 "dead": dead,
                 "n_dead_tup": n_dead,
-                "vacuums": vacuums,
+                "vacuums": vacuums - self.baseline_vacuums.get(table, 0),
+                "written": activity[table][0],
+                "read": activity[table][1],
             }
             for index, am in self.admin.execute(INDEXES, {"table": table}).fetchall():
                 if am == "btree":
