@@ -566,9 +566,14 @@ class Run:
                 )
             )
             self.stderr.append(err)
-        drain_project.wait_listening(
-            self.admin, self.workers, self.args.workers, self.args.start_deadline
-        )
+        try:
+            drain_project.wait_listening(
+                self.admin, self.workers, self.args.workers, self.args.start_deadline
+            )
+        except bench.InvalidRun as exc:
+            i = next((i for i, p in enumerate(self.workers) if p.poll() is not None), 0)
+            tail = (self.dir / f"worker-{i}.log").read_text(errors="replace")[-3000:]
+            raise bench.InvalidRun(f"{exc}; worker-{i}.log ends:\n{tail}") from exc
 
     def start_producer(self):
         cmd = [
@@ -883,7 +888,8 @@ def backlog_cell(args, params, admin, name, queues, per_queue):
 
 
 def queue_names(count):
-    return ["default"] if count == 1 else [f"q{i:04d}" for i in range(count)]
+    """``count`` queue names, "default" among them (the project's job types use it)."""
+    return ["default"] + [f"q{i:04d}" for i in range(1, count)]
 
 
 def setup(args):
