@@ -1010,6 +1010,17 @@ def parse_args(argv=None):
     return args
 
 
+def worker_concurrency(worker_args):
+    """The handler threads per worker that ``--worker-args`` asks for (default CONCURRENCY 10)."""
+    words = shlex.split(worker_args)
+    for i, word in enumerate(words):
+        if word.startswith("--concurrency="):
+            return int(word.split("=", 1)[1])
+        if word == "--concurrency" and i + 1 < len(words):
+            return int(words[i + 1])
+    return 10
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.produce is not None:
@@ -1019,7 +1030,8 @@ def main(argv=None):
     print(f"log directory: {args.log_dir}", flush=True)
     cluster = None
     if args.private_cluster:
-        concurrency = 10  # the default CONCURRENCY: a chain handler's thread holds a connection
+        # A handler thread of the backlog cells holds a Django connection (its enqueue).
+        concurrency = worker_concurrency(args.worker_args)
         connections = args.workers * (concurrency + 4) + 50
         cluster = PrivateCluster(args.port, args.options, connections, keep=args.keep_cluster)
         os.environ["DATABASE_URL"] = cluster.start()

@@ -158,3 +158,9 @@ def test_options():
         pressure.parse_args(["--no-private-cluster", "--database", "production"])
     with pytest.raises(SystemExit):
         pressure.parse_args(["--pg-option", "shared_buffers"])
+
+
+def test_the_private_cluster_has_a_connection_per_handler_thread():
+    assert pressure.worker_concurrency("") == 10
+    assert pressure.worker_concurrency("--concurrency 40") == 40
+    assert pressure.worker_concurrency("--poll-interval 1 --concurrency=4") == 4
