@@ -359,7 +359,7 @@ def relation_tables(snapshots):
     for key, title in (
         ("n_dead_tup", "n_dead_tup (job table)"),
         ("vacuums", "vacuums since start (job table)"),
-        ("oldest_xmin_age", "oldest backend xmin age"),
+        ("oldest_xmin_age", "oldest backend xmin age (server)"),
         ("seconds", "snapshot took (s)"),
     ):
         values = []
