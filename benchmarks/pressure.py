@@ -221,6 +221,7 @@ def summarize(timeline, claims, commits, records, total_keys=None):
     n = len(timeline.phases)
     offered, completed = [0] * n, [0] * n
     durations, got, empty, dark = [[] for _ in range(n)], [0] * n, [0] * n, [0] * n
+    bare = [[] for _ in range(n)]  # the claims that carried no completions
     for when, jobs in commits:
         i = timeline.phase_of(when)
         if i is not None:
@@ -246,12 +247,15 @@ def summarize(timeline, claims, commits, records, total_keys=None):
             dark[i] += 1
             continue
         durations[i].append(claim.seconds)
+        if not claim.done:
+            bare[i].append(claim.seconds)
         got[i] += claim.got
         empty[i] += claim.got == 0
     phases = []
     for i, (name, start, end) in enumerate(timeline.phases):
         seconds = end - start
         p50, p99 = percentiles(durations[i])
+        bare50, bare99 = percentiles(bare[i])
         count = len(durations[i])
         phases.append(
             {
@@ -265,6 +269,9 @@ def summarize(timeline, claims, commits, records, total_keys=None):
                 "claims_in_snapshots": dark[i],
                 "claim_p50_ms": None if p50 is None else p50 * 1000.0,
                 "claim_p99_ms": None if p99 is None else p99 * 1000.0,
+                "bare_claims": len(bare[i]),
+                "bare_p50_ms": None if bare50 is None else bare50 * 1000.0,
+                "bare_p99_ms": None if bare99 is None else bare99 * 1000.0,
                 "jobs_per_claim": got[i] / count if count else None,
                 "empty_claims": empty[i] / count if count else None,
             }
@@ -305,7 +312,8 @@ def fmt_size(n):
 def phase_table(phases):
     lines = [
         f"{'phase':>10} {'seconds':>8} {'offered/s':>10} {'completed/s':>12} {'claims':>8} "
-        f"{'p50 ms':>8} {'p99 ms':>8} {'jobs/claim':>10} {'empty':>6}"
+        f"{'p50 ms':>8} {'p99 ms':>8} {'jobs/claim':>10} {'empty':>6} "
+        f"{'bare':>6} {'p50 ms':>8} {'p99 ms':>8}"
     ]
     for p in phases:
         jobs = "-" if p["jobs_per_claim"] is None else f"{p['jobs_per_claim']:.1f}"
@@ -313,7 +321,8 @@ def phase_table(phases):
         lines.append(
             f"{p['phase']:>10} {p['seconds']:8.1f} {p['offered_per_s']:10.1f} "
             f"{p['completed_per_s']:12.1f} {p['claims']:8d} {fmt_ms(p['claim_p50_ms']):>8} "
-            f"{fmt_ms(p['claim_p99_ms']):>8} {jobs:>10} {empty:>6}"
+            f"{fmt_ms(p['claim_p99_ms']):>8} {jobs:>10} {empty:>6} {p['bare_claims']:6d} "
+            f"{fmt_ms(p['bare_p50_ms']):>8} {fmt_ms(p['bare_p99_ms']):>8}"
         )
     return lines
 

@@ -79,6 +79,8 @@ def test_summarize_puts_everything_in_its_phase_and_leaves_snapshot_claims_out()
     assert clean["offered_per_s"] == 10.0 and clean["completed_per_s"] == 0.2
     assert clean["claim_p50_ms"] == pytest.approx(2.0)
     assert clean["jobs_per_claim"] == 5.0 and clean["empty_claims"] == 0.5
+    # the claims that wrote no completions in the same round trip, apart
+    assert clean["bare_claims"] == 1 and clean["bare_p99_ms"] == pytest.approx(1.0)
     assert (hold["offered"], hold["completed"], hold["claims"]) == (20, 2, 1)
     assert hold["claims_in_snapshots"] == 1
     assert hold["claim_p99_ms"] == pytest.approx(10.0)
@@ -103,6 +105,8 @@ def test_a_phase_without_claims_has_no_percentile_and_no_ratio():
     phases, check = pressure.summarize(t, [pressure.Claim(1.0, 0.002, 1, 1, 0)], [], [])
     assert check is None
     assert phases[1]["claim_p99_ms"] is None and phases[1]["jobs_per_claim"] is None
+    assert phases[1]["bare_p99_ms"] is None
+    assert "-" in pressure.phase_table(phases)[2]
     assert pressure.ratio(phases, "claim_p99_ms", "hold", "clean") is None
     assert pressure.fmt_ratio(None) == "n/a"
 
