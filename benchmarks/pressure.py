@@ -104,14 +104,21 @@ VACUUMS = r"""
 SELECT relname, vacuum_count + autovacuum_count FROM pg_stat_user_tables
 WHERE schemaname = current_schema() AND relname LIKE 'dbqueue\_%'
 """
+# pgstattuple reads a plain table (not a partitioned one: its partitions are tables of their own).
 TABLE_FIGURES = """
 SELECT pg_relation_size(c.oid), pg_total_relation_size(c.oid), s.tuple_count, s.dead_tuple_count,
-       coalesce(t.n_dead_tup, 0), coalesce(t.vacuum_count + t.autovacuum_count, 0)
-FROM pg_class c, pgstattuple(c.oid) s, pg_stat_user_tables t
-WHERE c.oid = %(table)s::regclass AND t.relid = c.oid
+       t.n_dead_tup, t.vacuum_count + t.autovacuum_count
+FROM pg_class c JOIN pg_stat_user_tables t ON t.relid = c.oid, pgstattuple(c.oid) s
+WHERE c.oid = %(table)s::regclass
 """
+PARTITIONED_FIGURES = """
+SELECT 0, pg_total_relation_size(c.oid), NULL, NULL, t.n_dead_tup,
+       t.vacuum_count + t.autovacuum_count
+FROM pg_class c JOIN pg_stat_user_tables t ON t.relid = c.oid WHERE c.oid = %(table)s::regclass
+"""
+RELKIND = "SELECT relkind FROM pg_class WHERE oid = %s::regclass"
 INDEXES = """
-SELECT c.relname, a.amname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+SELECT c.relname, a.amname, c.relkind FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
 JOIN pg_am a ON a.oid = c.relam WHERE i.indrelid = %(table)s::regclass ORDER BY c.relname
 """
 # pgstattuple on a btree counts as dead only the entries marked LP_DEAD (killed by a scan that
@@ -364,7 +371,8 @@ def relation_tables(snapshots):
         rel = [s["relations"].get(name) for s in snapshots]
         kind = next(r for r in rel if r)["kind"]
         label = name if kind == "table" else f"  {name}"
-        lines.append(f"{label[:40]:<40}" + "".join(f" {r['dead'] if r else '-':>12}" for r in rel))
+        dead = ["-" if r is None or r["dead"] is None else str(r["dead"]) for r in rel]
+        lines.append(f"{label[:40]:<40}" + "".join(f" {d:>12}" for d in dead))
     for key, title in (
         ("n_dead_tup", "n_dead_tup (job table)"),
         ("vacuums", "vacuums since start (job table)"),
@@ -659,8 +667,9 @@ class Run:
         activity = {t: (w, r) for t, w, r in self.admin.execute(ACTIVITY).fetchall()}
         relations = {}
         for table in sorted(activity):
+            plain = self.admin.execute(RELKIND, [table]).fetchone()[0] in ("r", "m", "t")
             size, total, live, dead, n_dead, vacuums = self.admin.execute(
-                TABLE_FIGURES, {"table": table}
+                TABLE_FIGURES if plain else PARTITIONED_FIGURES, {"table": table}
             ).fetchone()
             relations[table] = {
                 "kind": "table",
@@ -673,8 +682,8 @@ class Run:
                 "written": activity[table][0],
                 "read": activity[table][1],
             }
-            for index, am in self.admin.execute(INDEXES, {"table": table}).fetchall():
-                if am == "btree":
+            for index, am, kind in self.admin.execute(INDEXES, {"table": table}).fetchall():
+                if am == "btree" and kind == "i":
                     isize, ilive, idead = self.admin.execute(
                         INDEX_FIGURES, {"index": index}
                     ).fetchone()
