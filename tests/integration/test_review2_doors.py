@@ -13,11 +13,11 @@ import hashlib
 import time
 
 import psycopg
-from psycopg import sql as pgsql
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 from django.urls import reverse
+from psycopg import sql as pgsql
 
 from django_dbqueue import enqueue
 from django_dbqueue.conf import get_settings
