@@ -134,3 +134,35 @@ def test_a_schedule_entrys_pages_answer_around_a_payload_python_cannot_read(staf
         for page in ("change", "delete", "history")
     }
     assert codes == {"change": 200, "delete": 200, "history": 200}
+
+
+# -- finding C: any role that can connect stops every listening worker with one NOTIFY ------------
+
+
+# The wake-up payload is '<count>:<queue>' (notifications.parse_wakeup): the count is read with
+# int() once it is ASCII digits, and Python refuses to convert a str of more than 4300 digits
+# (sys.get_int_max_str_digits) with ValueError. A NOTIFY payload holds up to 8000 bytes, so
+# '<5000 nines>:default' raises in the listener's notify handler; the listener takes that for a
+# bug ("dbqueue listener crashed") and the worker gives up (on_crash -> fatal). NOTIFY needs no
+# privilege: any role that can connect stops every worker that listens on the channel, as often
+# as they are restarted. (Measured: with the worker listening on its own session, the ValueError
+# is raised out of Worker.run() itself, from _take_notifies -> _on_notify -> parse_wakeup, and
+# the worker's thread dies with a traceback; a --processes group listener crashes and gives up.)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding C: a wake-up payload with a count of more than 4300 digits crashes the "
+    "worker (its loop raises ValueError; a group listener crashes)",
+)
+def test_a_role_with_no_grant_cannot_stop_a_worker_by_notify(start_worker, nobody):
+    worker = start_worker()
+    wait_until(
+        lambda: worker.listening is not None and worker.listening.is_set(),
+        message="the worker to listen",
+    )
+    channel = pgsql.Identifier(get_settings().NOTIFY_CHANNEL).as_string(nobody)
+    nobody.execute(f"NOTIFY {channel}, '{'9' * 5000}:default'")
+    time.sleep(1.0)
+    assert worker.thread.is_alive() and worker.result == {}
+    job = enqueue("noop")
+    wait_until(lambda: job_row(job.id)["state"] == "succeeded", message="the job to run")
