@@ -96,7 +96,7 @@ def test_a_role_with_no_grant_cannot_cancel_a_running_job_by_notify(start_worker
     )
     row = job_row(job.id)
     # Nobody asked for its cancel: it runs to its end and succeeds.
-    assert (row["state"], row["result"]) == ("succeeded", {"finished": True})
+    assert (row["state"], row["result"]) == ("done", {"finished": True})
 
 
 # -- finding B: a stored schedule entry whose payload Python cannot read fails its own pages ------
@@ -165,7 +165,7 @@ def test_a_role_with_no_grant_cannot_stop_a_worker_by_notify(start_worker, nobod
     time.sleep(1.0)
     assert worker.thread.is_alive() and worker.result == {}
     job = enqueue("noop")
-    wait_until(lambda: job_row(job.id)["state"] == "succeeded", message="the job to run")
+    wait_until(lambda: job_row(job.id)["state"] == "done", message="the job to run")
 
 
 # -- findings D, E, F: timestamps of the tables 0027 left unbounded fail pages for everyone -------
