@@ -262,3 +262,38 @@ def test_a_delivery_time_python_cannot_read_is_refused_or_answered_around(staff)
         ).status_code,
     }
     assert codes == {"list": 200, "change": 200}
+
+
+# -- finding G: any role that can connect stops every claim of a limited queue with a lock ---------
+
+
+# A claim of a worker whose queues (or types) carry a global_concurrency or an unkeyed
+# rate_limit runs dbqueue_claim_within_limits(), which first takes, blocking,
+# pg_advisory_xact_lock(dbqueue_limiter_lock(scope, name, '')) of each such limiter (migration
+# 0026, step (a)). The key is public arithmetic: hashtextextended('dbqueue limiter' || chr(31) ||
+# scope || chr(31) || name || chr(31) || '', 0). Advisory locks need no privilege, so any role
+# that can connect takes that key with pg_advisory_lock() in an idle session and holds it: every
+# worker's claim then waits on it for ever (the claim has no lock_timeout), and the worker claims
+# nothing, not even the jobs of its other, unlimited queues, until that session ends.
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding G: a session-level advisory lock on a limiter's key, which any role may "
+    "take, blocks every claim of the workers of that queue",
+)
+def test_a_role_with_no_grant_cannot_stop_the_claims_with_an_advisory_lock(
+    start_worker, settings, nobody
+):
+    from tests.integration.conftest import FAST
+
+    settings.DBQUEUE = {
+        **FAST,
+        "QUEUES": {"default": {}, "limited": {"rate_limit": {"limit": 100, "period": 1}}},
+    }
+    nobody.execute(
+        "SELECT pg_advisory_lock(hashtextextended('dbqueue limiter' || chr(31) || 'queue'"
+        " || chr(31) || 'limited' || chr(31) || '', 0))"
+    )
+    start_worker()
+    jobs = [enqueue("noop", queue=queue).id for queue in ("default", "limited")]
+    time.sleep(3.0)
+    assert [job_row(i)["state"] for i in jobs] == ["done", "done"]
