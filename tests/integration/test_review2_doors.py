@@ -297,3 +297,30 @@ def test_a_role_with_no_grant_cannot_stop_the_claims_with_an_advisory_lock(
     jobs = [enqueue("noop", queue=queue).id for queue in ("default", "limited")]
     time.sleep(3.0)
     assert [job_row(i)["state"] for i in jobs] == ["done", "done"]
+
+
+# -- finding H: any role that can connect starves a serial key with a lock -------------------------
+
+
+# dbqueue_serial_turn() (migration 0026) gives a serial key's next job its turn only if
+# pg_try_advisory_xact_lock(hashtextextended('dbqueue serial key' || chr(31) || key, 0))
+# succeeds. The key is public arithmetic and advisory locks need no privilege: a role with no
+# grant that holds that lock in an idle session keeps every job of the serial key pending for as
+# long as it likes (a producer's serial keys are often guessable: 'account:<id>'). A producer
+# with the documented grant can already queue ahead of a key's jobs (docs/sql.md); this needs no
+# grant at all.
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding H: a session-level advisory lock on a serial key's lock key, which any "
+    "role may take, keeps the key's jobs pending",
+)
+def test_a_role_with_no_grant_cannot_starve_a_serial_key_with_an_advisory_lock(
+    start_worker, nobody
+):
+    nobody.execute(
+        "SELECT pg_advisory_lock(hashtextextended('dbqueue serial key' || chr(31) || 'acct:7', 0))"
+    )
+    start_worker()
+    job = enqueue("noop", serial_key="acct:7")
+    time.sleep(3.0)
+    assert job_row(job.id)["state"] == "done"
