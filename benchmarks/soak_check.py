@@ -129,7 +129,7 @@ import datetime
 import re
 from dataclasses import dataclass, field
 
-from benchmarks import soak_batch, soak_fair, soak_publish
+from benchmarks import soak_batch, soak_fair, soak_hostile, soak_publish
 
 UTC = datetime.UTC
 LIMITS = {"queue limited": ("queue", "limited", 2), "type soak-typed": ("type", "soak-typed", 2)}
@@ -320,6 +320,12 @@ class Facts:
     holds: list = field(default_factory=list)  # ("hold", [dependency ids], from, until)
     errors: list = field(default_factory=list)  # operator/producer errors (text)
     publishes: list = field(default_factory=list)  # (key, event, created, [jobs]): soak_publish
+    # The hostile actor's (benchmarks/soak_hostile.py): door calls, poisoned jobs, grips.
+    door_calls: list = field(default_factory=list)  # [soak_hostile.DoorCall]
+    poisoned: dict = field(default_factory=dict)  # job id -> soak_hostile.Poisoned
+    grips: list = field(default_factory=list)  # ("grip", target, [ids], from, until)
+    worker_exits: list = field(default_factory=list)  # (tag, code, at): not the soak's own end
+    worker_pids: dict = field(default_factory=dict)  # pid -> [slot tags it served]
     lease: float = 5.0
     sweep: float = 0.25
 
@@ -670,6 +676,7 @@ class Checker:
         self.publish_stats = soak_publish.PublishStats()
         self.batch_stats = soak_batch.BatchStats()
         self.fair_stats = soak_fair.FairStats()
+        self.hostile_stats = soak_hostile.HostileStats()
         self.unseen_deaths = 0
         self._waiting_seen = {}  # (job, waiting_on, holding, unfinished==0) -> first seen
 
@@ -692,6 +699,7 @@ class Checker:
         self._publish()
         self._batches()
         self._fair()
+        self._hostile(final)
         self._unrecorded()
         self._deadlocks()
         if final:
@@ -772,11 +780,17 @@ class Checker:
             for _kind, deps, start, until in list(self.facts.holds)
             if start <= taken and (until is None or until >= taken - window)
         ]
+        grips = [
+            f"{target} {ids} from {start:%H:%M:%S.%f} to "
+            + (f"{until:%H:%M:%S.%f}" if until else "still open")
+            for _kind, target, ids, start, until in list(self.facts.grips)
+            if start <= taken and (until is None or until >= taken - window)
+        ]
         return (
             f"; workflow inserts held open meanwhile depending on {'; '.join(holds)}"
             if holds
             else ""
-        )
+        ) + (f"; callers' transactions held rows FOR UPDATE: {'; '.join(grips)}" if grips else "")
 
     @staticmethod
     def _episodes(intervals, limit):
@@ -967,6 +981,32 @@ class Checker:
             dict(self.facts.worker_deaths),
             self.fair_stats,
         ):
+            self._add(kind, key, text)
+
+    def _hostile(self, final):
+        hostile = soak_hostile
+        facts = self.facts
+        stats = hostile.HostileStats()
+        found = hostile.exit_violations(list(facts.worker_exits), list(facts.faults))
+        calls = list(facts.door_calls)
+        ids = [call.job for call in calls if call.job is not None]
+        stored = dict(self.conn.execute(hostile.DOOR_STORED, [ids]).fetchall()) if ids else {}
+        found += hostile.door_violations(calls, stored, stats)
+        poisoned = dict(facts.poisoned)
+        if poisoned:
+            jobs = sorted(poisoned)
+            rows = self.conn.execute(
+                hostile.POISONED, [[poisoned[j].at for j in jobs], jobs]
+            ).fetchall()
+            found += hostile.poison_violations(poisoned, rows, final, stats)
+        found += hostile.dead_violations(self.conn.execute(hostile.DEAD).fetchall(), poisoned)
+        pids = {pid: list(tags) for pid, tags in list(facts.worker_pids.items())}
+        found += hostile.attempt_violations(
+            self.conn.execute(hostile.UNRUN).fetchall(), list(facts.faults), pids, stats
+        )
+        stats.grips = len(facts.grips)
+        self.hostile_stats = stats
+        for kind, key, text in found:
             self._add(kind, key, text)
 
     def _effects(self):
