@@ -38,7 +38,8 @@ with the times it saw processes die). It touches no other database. Then, for ``
   and with payloads at the edge of what it takes (type ``soak-hostile``), which must run;
   ``soak-poison`` jobs whose payload a plain ``UPDATE`` replaces, while they are pending, by one
   Python cannot read (they must end dead of ``UnreadableJob`` at once, their claim-mates run as
-  usual); and a caller's transaction (the ``Gripper`` thread) holding a few pending jobs,
+  usual); ``soak-poison`` jobs whose type such an ``UPDATE`` makes one no worker registers for
+  1 to 4 s (handed back unspent, then run); and a caller's transaction (the ``Gripper`` thread) holding a few pending jobs,
   running jobs or limiter rows ``FOR UPDATE`` for 1 to 5 s before it commits. Its invariants:
   no worker exits but by the soak's kill or SIGTERM, no job is charged an attempt that no run
   of it began and nothing explains, no job but a poisoned one is dead without its own failure.
@@ -603,6 +604,7 @@ class Soak:
         self.draining = threading.Event()
         self.holder = Holder(self)
         self.gripper = Gripper(self)
+        self.unrepaired = set()  # retyped jobs whose type the hostile actor has not put back
         self.signaller = Signaller(self)
         self.signals_planned = 0  # the payload of the next signal: unique, in the schedule's order
         self.schedule = open(self.log_dir / "schedule.log", "w")  # noqa: SIM115 - closed in run()
@@ -740,6 +742,8 @@ class Soak:
         self.say("drain: producers, operators and faults off")
         self.draining.set()
         self.events.clear()
+        for job_id in sorted(self.unrepaired):
+            self.repair(job_id)  # its step was cleared with the other events
         for slot in self.slots:
             with self.resume_lock:
                 if slot.stopped is not None:
@@ -1235,7 +1239,7 @@ class Soak:
 
     # -- hostile actor (benchmarks/soak_hostile.py) -----------------------------------------------
 
-    HOSTILE = [("door", 4), ("poison", 3), ("grip", 3)]
+    HOSTILE = [("door", 4), ("poison", 3), ("retype", 2), ("grip", 3)]
 
     def hostile(self, rng):
         act = rng.random() < 0.03
@@ -1286,6 +1290,39 @@ class Soak:
         if row is not None:
             attempts, at = row
             self.facts.poisoned[job.id] = soak_hostile.Poisoned(job.id, name, at, attempts)
+
+    def _hostile_retype(self, d):
+        """A ``soak-poison`` job, due in half a second, whose type a plain ``UPDATE`` makes one
+        no worker registers while it is pending; put back 1 to 4 s later (``repair``)."""
+        from benchmarks import soak_hostile
+        from django_dbqueue import enqueue
+
+        queue_name = PAUSABLE[int(d[1] * len(PAUSABLE))]
+        job = enqueue(soak_hostile.POISON_TYPE, {"ms": 20}, queue=queue_name, delay=0.5)
+        row = self.admin.execute(
+            soak_hostile.RETYPE_SQL, [soak_hostile.UNKNOWN_TYPE, job.id]
+        ).fetchone()
+        if row is not None:
+            attempts, at = row
+            self.facts.retyped[job.id] = soak_hostile.Poisoned(job.id, "type-unknown", at, attempts)
+            self.unrepaired.add(job.id)
+            self.at(self.step + 10 + int(d[2] * 30), lambda: self.repair(job.id))
+
+    def repair(self, job_id):
+        """Put a retyped job's type back (at its step, or at the drain's start)."""
+        from benchmarks import soak_hostile
+
+        if job_id not in self.unrepaired:
+            return
+        self.unrepaired.discard(job_id)
+        try:
+            self.admin.execute(
+                soak_hostile.REPAIR_SQL,
+                [soak_hostile.POISON_TYPE, job_id, soak_hostile.UNKNOWN_TYPE],
+            )
+            self.counts["hostile repair"] += 1
+        except Exception as exc:
+            self.note_error("hostile repair", exc)
 
     def _hostile_grip(self, d):
         """A caller's transaction holding pending jobs, running jobs or limiter rows

@@ -323,6 +323,7 @@ class Facts:
     # The hostile actor's (benchmarks/soak_hostile.py): door calls, poisoned jobs, grips.
     door_calls: list = field(default_factory=list)  # [soak_hostile.DoorCall]
     poisoned: dict = field(default_factory=dict)  # job id -> soak_hostile.Poisoned
+    retyped: dict = field(default_factory=dict)  # job id -> soak_hostile.Poisoned (its type)
     grips: list = field(default_factory=list)  # ("grip", target, [ids], from, until)
     worker_exits: list = field(default_factory=list)  # (tag, code, at): not the soak's own end
     worker_pids: dict = field(default_factory=dict)  # pid -> [slot tags it served]
@@ -999,6 +1000,10 @@ class Checker:
                 hostile.POISONED, [[poisoned[j].at for j in jobs], jobs]
             ).fetchall()
             found += hostile.poison_violations(poisoned, rows, final, stats)
+        retyped = dict(facts.retyped)
+        if retyped:
+            rows = self.conn.execute(hostile.RETYPED, [sorted(retyped)]).fetchall()
+            found += hostile.retype_violations(retyped, rows, final)
         found += hostile.dead_violations(self.conn.execute(hostile.DEAD).fetchall(), poisoned)
         pids = {pid: list(tags) for pid, tags in list(facts.worker_pids.items())}
         found += hostile.attempt_violations(

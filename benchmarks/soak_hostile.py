@@ -16,6 +16,10 @@ same with it or without it) does, now and then, one of:
   ``UPDATE`` then replaces, while it is pending, by one of :data:`POISONS` (the table's CHECKs
   allow any jsonb): the job must end dead at its first claim with ``UnreadableJob`` naming the
   payload, its handler never entered, and the jobs claimed with it run as usual;
+- ``retype``: the same, but the ``UPDATE`` changes the pending job's type to one no worker
+  registers (:data:`UNKNOWN_TYPE`), and puts it back 1 to 4 s later: a worker that claims it
+  meanwhile hands it back without spending the attempt, due again after ``UNKNOWN_TYPE_DELAY``
+  (1 s in the soak); once its type is back it must run;
 - ``grip``: a caller's transaction (its own connection) that locks ``FOR UPDATE`` a few pending
   jobs, a few running jobs, or a few limiter rows, holds them 1 to 5 s, and commits.
 
@@ -36,6 +40,8 @@ tests/unit/test_soak_check_hostile.py):
   poisoned job ended other than dead (or cancelled by the operator), or dead without
   ``UnreadableJob`` naming the payload as its last entry, or with more attempts than the one
   claim that found the poison; after the drain, one still pending or running;
+- ``retype-end``: a job whose type was made unknown ended dead, or, after the drain, neither
+  done nor cancelled;
 - ``dead-unowned``: a dead job the soak did not poison with no entry in its error history, or
   with an ``UnreadableJob`` entry (it died of another job's poison);
 - ``attempt-charged``: an attempt of a job (``1..attempts``) that no handler run of the job
@@ -88,6 +94,19 @@ POISONS = [
     ("deep-1500", _deep(1500)),
     ("float-400", '{"x": 1' + "0" * 400 + ".5}"),
 ]
+
+# The type poison: a pending job's type changed to one no worker registers. By design
+# (docs/settings.md, UNKNOWN_TYPE_DELAY) a worker that claims it hands it back to pending
+# without spending the attempt, due again after the delay (1 s in the soak); the hostile actor
+# puts the type back 1 to 4 s later (the drain does it at once), and the job must then run.
+UNKNOWN_TYPE = "soak-no-such-type"
+RETYPE_SQL = """
+UPDATE dbqueue_job SET type = %s
+WHERE id = %s AND state = 'pending'
+RETURNING attempts, clock_timestamp()
+"""
+REPAIR_SQL = "UPDATE dbqueue_job SET type = %s WHERE id = %s AND type = %s RETURNING id"
+RETYPED = "SELECT id, state, attempts, type FROM dbqueue_job WHERE id = ANY(%s) ORDER BY id"
 
 POISON_SQL = """
 UPDATE dbqueue_job SET payload = %s::jsonb
@@ -271,6 +290,28 @@ def poison_violations(poisoned, rows, final=False, stats=None):
                 "poison-end",
                 (job,),
                 f"job {job}, its payload poisoned ({p.name}) at {p.at:%H:%M:%S.%f}: {why}",
+            ))  # fmt: skip
+    return out
+
+
+def retype_violations(retyped, rows, final=False):
+    """``retype-end`` from ``retyped`` ({job: :class:`Poisoned`}, name ``type-unknown``) and
+    :data:`RETYPED`'s rows (job, state, attempts, type): a job whose type was unknown for a
+    while must never end dead (an unknown type spends no attempt) and, once its type is back,
+    must run: after the drain, done or cancelled."""
+    out = []
+    for job, state, attempts, job_type in rows:
+        p = retyped[job]
+        why = None
+        if state == "dead":
+            why = f"dead after {attempts} attempts"
+        elif final and state not in ("done", "cancelled"):
+            why = f"still {state} after the drain (type {job_type!r})"
+        if why:
+            out.append((
+                "retype-end",
+                (job,),
+                f"job {job}, its type made unknown at {p.at:%H:%M:%S.%f} (then put back): {why}",
             ))  # fmt: skip
     return out
 

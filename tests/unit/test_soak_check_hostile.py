@@ -180,3 +180,23 @@ def test_an_attempt_nothing_explains_is_caught():
     found = sh.attempt_violations(rows, FAULTS, PIDS)
     assert kinds(found) == ["attempt-charged"] * 3 + ["attempt-swept"] * 3
     assert "w1.1, w1.2" in next(text for _k, key, text in found if key == (4, 1))
+
+
+# -- retype-end ----------------------------------------------------------------------------------
+
+RETYPED = {7: sh.Poisoned(7, "type-unknown", at(1), 0), 8: sh.Poisoned(8, "type-unknown", at(2), 0)}
+
+
+def test_a_retyped_job_that_runs_once_its_type_is_back_passes():
+    rows = [(7, "done", 1, sh.POISON_TYPE), (8, "cancelled", 0, sh.POISON_TYPE)]
+    assert sh.retype_violations(RETYPED, rows, final=True) == []
+    # Before the drain, still pending with its unknown type: not yet a violation.
+    assert sh.retype_violations(RETYPED, [(7, "pending", 0, sh.UNKNOWN_TYPE)]) == []
+
+
+def test_a_retyped_job_dead_or_left_is_caught():
+    rows = [(7, "dead", 3, sh.POISON_TYPE), (8, "pending", 0, sh.UNKNOWN_TYPE)]
+    assert kinds(sh.retype_violations(RETYPED, rows)) == ["retype-end"]
+    found = sh.retype_violations(RETYPED, rows, final=True)
+    assert kinds(found) == ["retype-end", "retype-end"]
+    assert "still pending after the drain" in found[1][2]
