@@ -1348,7 +1348,9 @@ class Soak:
         print(f"seed: {self.args.seed}  steps: {self.step + 1}  workers: {self.args.workers}")
         print(f"jobs: {sum(states.values())} {dict(sorted(states.items()))}")
         print(
-            f"runs: {runs} (zombie runs past a lease taken over: {len(self.checker.zombies)}; "
+            f"runs: {runs} (zombie runs past a lease taken over: {len(self.checker.zombies)}, "
+            f"{self.checker.stall_excused} of them right after one of "
+            f"{len(self.checker.stalls)} stalls of the whole soak; "
             f"deaths unseen: {self.unseen_deaths})"
         )
         print(f"producer actions: {sum(producer.values())} {dict(sorted(producer.items()))}")

@@ -200,3 +200,17 @@ def test_a_retyped_job_dead_or_left_is_caught():
     found = sh.retype_violations(RETYPED, rows, final=True)
     assert kinds(found) == ["retype-end", "retype-end"]
     assert "still pending after the drain" in found[1][2]
+
+
+# -- stalls (benchmarks/soak_check.py) -------------------------------------------------------------
+
+
+def test_a_lease_taken_within_or_just_after_a_stall_of_the_whole_soak_is_excused():
+    from benchmarks import soak_check as sc
+
+    stalls = [(at(10), at(16.5))]
+    assert sc.stalled(stalls, at(16.515))  # the sweep right after the stall
+    assert sc.stalled(stalls, at(12))
+    assert not sc.stalled(stalls, at(9.9))  # before it
+    assert not sc.stalled(stalls, at(19))  # the heartbeats had resumed long before
+    assert not sc.stalled([], at(12))
