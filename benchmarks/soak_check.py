@@ -76,7 +76,8 @@ The invariants:
     no recorded end: the kill came between the body's end and the record's commit), when its
     run lost its lease to a fault the soak injected (a zombie: its record is fenced out), when
     the soak terminated its worker's sessions during the run (the record's INSERT lost its
-    connection), or when the record the job kept was written by such a zombie (the job's next
+    connection), when the soak sent its worker SIGTERM during the run (past the grace the job
+    was handed back unspent and claimed again: the record is fenced out), or when the record the job kept was written by such a zombie (the job's next
     run found the step recorded already, after running it). Nothing else;
   - ``step-records``: a ``done`` job whose recorded steps are not exactly the handler's
     (``STEP_KEYS``: each name and occurrence once), or a record whose run wrote no ``end``.
@@ -406,6 +407,17 @@ def _terminated(run, faults):
     )
 
 
+def _sigtermed(run, faults):
+    """The soak sent the run's worker SIGTERM while the run went on: past the grace, a graceful
+    stop hands a running job back unspent (docs/concepts/shutdown.md), and the run's later
+    record is fenced out."""
+    begin, end = run.started - TERMINATE_SLACK, run.ended
+    return any(
+        kind == "sigterm" and tag == run.worker and at >= begin and (end is None or at <= end)
+        for kind, tag, at, _until in faults
+    )
+
+
 def _step_excuse(run, recorder, faults):
     """Why a body that finished in ``run`` may have gone unrecorded (None: nothing excuses it).
     ``recorder`` is the run whose record the job kept, if any."""
@@ -415,6 +427,8 @@ def _step_excuse(run, recorder, faults):
         return "died"
     if _terminated(run, faults):
         return "terminated"
+    if _sigtermed(run, faults):
+        return "stopped by SIGTERM"
     if recorder is not None and recorder.zombie:
         return "recorded by a zombie"
     return None
