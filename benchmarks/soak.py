@@ -706,6 +706,7 @@ class Soak:
                     "holds": facts.holds,
                     "grips": facts.grips,
                     "worker_exits": facts.worker_exits,
+                    "worker_pids": facts.worker_pids,
                     "poisoned": [
                         [p.job, p.name, p.at, p.attempts] for p in facts.poisoned.values()
                     ],
