@@ -1287,10 +1287,16 @@ class Soak:
         name, text = soak_hostile.POISONS[int(d[0] * len(soak_hostile.POISONS))]
         queue_name = PAUSABLE[int(d[1] * len(PAUSABLE))]
         job = enqueue(soak_hostile.POISON_TYPE, {"ms": 20}, queue=queue_name, delay=0.5)
+        # Noted before the UPDATE (its time then), so that a check never meets a job dead of its
+        # poison that the facts do not name yet; taken back if no row was poisoned.
+        poisoned = self.facts.poisoned
+        poisoned[job.id] = soak_hostile.Poisoned(job.id, name, self.clock.db(), 0)
         row = self.admin.execute(soak_hostile.POISON_SQL, [text, job.id]).fetchone()
-        if row is not None:
-            attempts, at = row
-            self.facts.poisoned[job.id] = soak_hostile.Poisoned(job.id, name, at, attempts)
+        if row is None:
+            del poisoned[job.id]
+            return
+        attempts, at = row
+        poisoned[job.id] = soak_hostile.Poisoned(job.id, name, at, attempts)
 
     def _hostile_retype(self, d):
         """A ``soak-poison`` job, due in half a second, whose type a plain ``UPDATE`` makes one
@@ -1300,14 +1306,18 @@ class Soak:
 
         queue_name = PAUSABLE[int(d[1] * len(PAUSABLE))]
         job = enqueue(soak_hostile.POISON_TYPE, {"ms": 20}, queue=queue_name, delay=0.5)
+        retyped = self.facts.retyped
+        retyped[job.id] = soak_hostile.Poisoned(job.id, "type-unknown", self.clock.db(), 0)
         row = self.admin.execute(
             soak_hostile.RETYPE_SQL, [soak_hostile.UNKNOWN_TYPE, job.id]
         ).fetchone()
-        if row is not None:
-            attempts, at = row
-            self.facts.retyped[job.id] = soak_hostile.Poisoned(job.id, "type-unknown", at, attempts)
-            self.unrepaired.add(job.id)
-            self.at(self.step + 10 + int(d[2] * 30), lambda: self.repair(job.id))
+        if row is None:
+            del retyped[job.id]
+            return
+        attempts, at = row
+        retyped[job.id] = soak_hostile.Poisoned(job.id, "type-unknown", at, attempts)
+        self.unrepaired.add(job.id)
+        self.at(self.step + 10 + int(d[2] * 30), lambda: self.repair(job.id))
 
     def repair(self, job_id):
         """Put a retyped job's type back (at its step, or at the drain's start)."""
