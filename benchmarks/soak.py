@@ -686,7 +686,10 @@ class Soak:
             for slot in self.slots:
                 slot.signal_group(signal.SIGCONT)
                 slot.signal_group(signal.SIGKILL)
-            self.dump_facts()
+            try:
+                self.dump_facts()
+            except Exception as exc:  # a post-mortem aid: it must never cost the report
+                print(f"facts.json not written: {type(exc).__name__}: {exc}", flush=True)
             self.schedule.close()
         return self.report()
 
@@ -695,20 +698,23 @@ class Soak:
         import json
 
         facts = self.facts
+        # Copies: the reapers of the workers killed just before still write worker_deaths
+        # (a dict changing size while json iterated over it cost the 30-minute run its report).
+        worker_deaths = dict(facts.worker_deaths)
         (self.log_dir / "facts.json").write_text(
             json.dumps(
                 {
                     "seed": self.args.seed,
-                    "deaths": [[pid, ps, at] for (pid, ps), at in facts.deaths.items()],
-                    "thread_deaths": [[*key, at] for key, at in facts.thread_deaths.items()],
-                    "worker_deaths": facts.worker_deaths,
+                    "deaths": [[pid, ps, at] for (pid, ps), at in list(facts.deaths.items())],
+                    "thread_deaths": [[*k, at] for k, at in list(facts.thread_deaths.items())],
+                    "worker_deaths": worker_deaths,
                     "faults": facts.faults,
                     "holds": facts.holds,
                     "grips": facts.grips,
                     "worker_exits": facts.worker_exits,
-                    "worker_pids": facts.worker_pids,
+                    "worker_pids": dict(facts.worker_pids),
                     "poisoned": [
-                        [p.job, p.name, p.at, p.attempts] for p in facts.poisoned.values()
+                        [p.job, p.name, p.at, p.attempts] for p in list(facts.poisoned.values())
                     ],
                     "door_calls": [
                         [c.name, c.expect, c.outcome, c.job, c.detail] for c in facts.door_calls
