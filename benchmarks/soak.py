@@ -119,7 +119,11 @@ def parse_args(argv=None):
     parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     parser.add_argument("--database", default="dbqueue_soak", help="the soak's own database")
     parser.add_argument(
-        "--drain", type=float, default=120.0, help="seconds the drain may take at most"
+        "--drain",
+        type=float,
+        default=None,
+        help="seconds the drain may take at most (default: 10 per minute of --minutes, at "
+        "least 120: the backlog of the serial keys grows with the run)",
     )
     parser.add_argument("--check-every", type=float, default=5.0, help="seconds between checks")
     parser.add_argument("--log-dir", type=Path, default=None, help="workers' logs (default: tmp)")
@@ -128,6 +132,8 @@ def parse_args(argv=None):
         parser.error("--database must contain 'soak': the soak empties its tables at every run")
     if args.workers < 2:
         parser.error("--workers must be at least 2 (one per execution mode)")
+    if args.drain is None:
+        args.drain = max(120.0, 10.0 * args.minutes)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**9)
     return args
