@@ -32,6 +32,17 @@ with the times it saw processes die). It touches no other database. Then, for ``
 - faults: ``kill -9`` of a worker's process group (started again a little later),
   ``pg_terminate_backend`` of a worker's sessions, SIGSTOP of a worker's process group past its
   lease then SIGCONT, SIGTERM (a graceful stop, then a restart).
+- a hostile actor (benchmarks/soak_hostile.py, issue 35): calls of the SQL door
+  ``dbqueue_enqueue()`` with payloads Python cannot read back (a 5000-digit integer, arrays
+  nested 1500 or 101 deep, a number with a fraction past a float's range) that it must refuse,
+  and with payloads at the edge of what it takes (type ``soak-hostile``), which must run;
+  ``soak-poison`` jobs whose payload a plain ``UPDATE`` replaces, while they are pending, by one
+  Python cannot read (they must end dead of ``UnreadableJob`` at once, their claim-mates run as
+  usual); ``soak-poison`` jobs whose type such an ``UPDATE`` makes one no worker registers for
+  1 to 4 s (handed back unspent, then run); and a caller's transaction (the ``Gripper`` thread) holding a few pending jobs,
+  running jobs or limiter rows ``FOR UPDATE`` for 1 to 5 s before it commits. Its invariants:
+  no worker exits but by the soak's kill or SIGTERM, no job is charged an attempt that no run
+  of it began and nothing explains, no job but a poisoned one is dead without its own failure.
 
 Then a drain with everything above off (queues resumed, workers continued and restarted) until
 every job is done, dead or cancelled, or no job changed state for ``STALL`` seconds, or
@@ -40,7 +51,7 @@ the soak runs and at the end. The last line is ``violations: N``; the exit statu
 N > 0.
 
 **Replay.** The seed is printed first. Time is cut into steps of ``STEP`` seconds; each actor
-(producer, operator, faults) draws every decision from its own ``random.Random`` seeded with the
+(producer, operator, faults, hostile) draws every decision from its own ``random.Random`` seeded with the
 seed and its name, at every step, whether or not it acts, so the same seed gives the same
 schedule: at step s the same actor does the same kind of action with the same payloads,
 delays, workers and durations. What cannot be replayed exactly: the operating system's
@@ -108,7 +119,11 @@ def parse_args(argv=None):
     parser.add_argument("--workers", type=int, default=4, help="worker processes (default 4)")
     parser.add_argument("--database", default="dbqueue_soak", help="the soak's own database")
     parser.add_argument(
-        "--drain", type=float, default=120.0, help="seconds the drain may take at most"
+        "--drain",
+        type=float,
+        default=None,
+        help="seconds the drain may take at most (default: 10 per minute of --minutes, at "
+        "least 120: the backlog of the serial keys grows with the run)",
     )
     parser.add_argument("--check-every", type=float, default=5.0, help="seconds between checks")
     parser.add_argument("--log-dir", type=Path, default=None, help="workers' logs (default: tmp)")
@@ -117,6 +132,8 @@ def parse_args(argv=None):
         parser.error("--database must contain 'soak': the soak empties its tables at every run")
     if args.workers < 2:
         parser.error("--workers must be at least 2 (one per execution mode)")
+    if args.drain is None:
+        args.drain = max(120.0, 10.0 * args.minutes)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 10**9)
     return args
@@ -277,13 +294,16 @@ class Slot:
                 start_new_session=True,  # its own process group: handler children included
                 preexec_fn=_die_with_the_soak,
             )
+        self.soak.facts.worker_pids.setdefault(self.process.pid, []).append(self.tag)
         threading.Thread(target=self._reap, args=(self.process, self.tag), daemon=True).start()
 
     def _reap(self, process, tag):
         code = process.wait()
-        self.soak.facts.worker_deaths[tag] = self.soak.clock.db()
+        at = self.soak.clock.db()
+        self.soak.facts.worker_deaths[tag] = at
         if not self.soak.stopping.is_set():  # not the soak's own kill at the end
             self.soak.exits[code] += 1
+            self.soak.facts.worker_exits.append((tag, code, at))
 
     def alive(self):
         return self.process is not None and self.process.poll() is None
@@ -510,6 +530,50 @@ class Signaller(threading.Thread):
             self.soak.signal(*task)
 
 
+class Gripper(threading.Thread):
+    """A caller's transaction that holds our rows (issue 35; benchmarks/soak_hostile.py): locks
+    ``FOR UPDATE`` a few pending jobs, running jobs or limiter rows, picked by the drawn
+    fractions among those there are when it runs, for ``hold`` seconds, then commits."""
+
+    def __init__(self, soak):
+        super().__init__(daemon=True)
+        self.soak = soak
+        self.tasks = queue.SimpleQueue()
+
+    def run(self):
+        from benchmarks import soak_hostile
+
+        conn = None
+        while True:
+            task = self.tasks.get()
+            if task is None:
+                if conn is not None:
+                    conn.close()
+                return
+            target, hold, fractions = task
+            if self.soak.draining.is_set():
+                continue  # the hostile actor is off
+            entry = None
+            try:
+                conn = conn or db_connect("soak gripper")
+                found = [r[0] for r in conn.execute(soak_hostile.GRIP_TARGETS[target])]
+                if not found:
+                    continue
+                ids = sorted({found[int(x * len(found))] for x in fractions})
+                with conn.transaction():
+                    conn.execute("SET LOCAL lock_timeout = '2s'")  # not behind a stopped worker
+                    conn.execute(soak_hostile.GRIP_LOCK[target], [ids])
+                    entry = ["grip", target, ids, self.soak.clock.db(), None]
+                    self.soak.facts.grips.append(entry)
+                    time.sleep(hold)  # the open transaction is the fault itself
+            except Exception as exc:
+                self.soak.note_error(f"hostile grip {target}", exc)
+                conn = None if conn is None or conn.closed else conn
+            finally:
+                if entry is not None:
+                    entry[4] = self.soak.clock.db()
+
+
 # -- the soak -----------------------------------------------------------------------------------
 
 
@@ -531,7 +595,8 @@ class Soak:
         self.unseen_deaths = 0
         self.counts = collections.Counter()
         self.rng = {
-            name: random.Random(f"{args.seed}:{name}") for name in ("producer", "operator", "fault")
+            name: random.Random(f"{args.seed}:{name}")
+            for name in ("producer", "operator", "fault", "hostile")
         }
         self.slots = [Slot(self, i) for i in range(args.workers)]
         self.events = collections.defaultdict(list)  # step -> [callable]
@@ -544,6 +609,8 @@ class Soak:
         self.stopping = threading.Event()
         self.draining = threading.Event()
         self.holder = Holder(self)
+        self.gripper = Gripper(self)
+        self.unrepaired = set()  # retyped jobs whose type the hostile actor has not put back
         self.signaller = Signaller(self)
         self.signals_planned = 0  # the payload of the next signal: unique, in the schedule's order
         self.schedule = open(self.log_dir / "schedule.log", "w")  # noqa: SIM115 - closed in run()
@@ -589,7 +656,7 @@ class Soak:
         print(f"database {args.database}, worker logs in {self.log_dir}", flush=True)
         self.reset()
         witness, deathwatch, holder = Witness(), DeathWatch(self), self.holder
-        for thread in (witness, deathwatch, holder, self.signaller):
+        for thread in (witness, deathwatch, holder, self.signaller, self.gripper):
             thread.start()
         checker = threading.Thread(target=self._check_loop, daemon=True)
         for slot in self.slots:
@@ -606,6 +673,7 @@ class Soak:
                 self.produce(self.rng["producer"])
                 self.operate(self.rng["operator"])
                 self.inject(self.rng["fault"])
+                self.hostile(self.rng["hostile"])
                 delay = began + (self.step + 1) * STEP - time.monotonic()
                 if delay > 0:
                     time.sleep(delay)  # the schedule's pace; a late step runs at once
@@ -618,12 +686,16 @@ class Soak:
                 self.checker.check(final=True)
             holder.tasks.put(None)
             self.signaller.tasks.put(None)
+            self.gripper.tasks.put(None)
             witness.stop.set()
             deathwatch.stop.set()
             for slot in self.slots:
                 slot.signal_group(signal.SIGCONT)
                 slot.signal_group(signal.SIGKILL)
-            self.dump_facts()
+            try:
+                self.dump_facts()
+            except Exception as exc:  # a post-mortem aid: it must never cost the report
+                print(f"facts.json not written: {type(exc).__name__}: {exc}", flush=True)
             self.schedule.close()
         return self.report()
 
@@ -632,15 +704,27 @@ class Soak:
         import json
 
         facts = self.facts
+        # Copies: the reapers of the workers killed just before still write worker_deaths
+        # (a dict changing size while json iterated over it cost the 30-minute run its report).
+        worker_deaths = dict(facts.worker_deaths)
         (self.log_dir / "facts.json").write_text(
             json.dumps(
                 {
                     "seed": self.args.seed,
-                    "deaths": [[pid, ps, at] for (pid, ps), at in facts.deaths.items()],
-                    "thread_deaths": [[*key, at] for key, at in facts.thread_deaths.items()],
-                    "worker_deaths": facts.worker_deaths,
+                    "deaths": [[pid, ps, at] for (pid, ps), at in list(facts.deaths.items())],
+                    "thread_deaths": [[*k, at] for k, at in list(facts.thread_deaths.items())],
+                    "worker_deaths": worker_deaths,
                     "faults": facts.faults,
                     "holds": facts.holds,
+                    "grips": facts.grips,
+                    "worker_exits": facts.worker_exits,
+                    "worker_pids": dict(facts.worker_pids),
+                    "poisoned": [
+                        [p.job, p.name, p.at, p.attempts] for p in list(facts.poisoned.values())
+                    ],
+                    "door_calls": [
+                        [c.name, c.expect, c.outcome, c.job, c.detail] for c in facts.door_calls
+                    ],
                     "errors": facts.errors,
                 },
                 default=str,
@@ -671,6 +755,8 @@ class Soak:
         self.say("drain: producers, operators and faults off")
         self.draining.set()
         self.events.clear()
+        for job_id in sorted(self.unrepaired):
+            self.repair(job_id)  # its step was cleared with the other events
         for slot in self.slots:
             with self.resume_lock:
                 if slot.stopped is not None:
@@ -1164,6 +1250,111 @@ class Soak:
         self.facts.faults.append(["sigterm", slot.tag, self.clock.db(), None])
         slot.signal_group(signal.SIGTERM)
 
+    # -- hostile actor (benchmarks/soak_hostile.py) -----------------------------------------------
+
+    HOSTILE = [("door", 4), ("poison", 3), ("retype", 2), ("grip", 3)]
+
+    def hostile(self, rng):
+        act = rng.random() < 0.03
+        kind = rng.choices([k for k, _ in self.HOSTILE], [w for _, w in self.HOSTILE])[0]
+        draws = [rng.random() for _ in range(5)]
+        if not act:
+            return
+        self.plan("hostile", kind, draws)
+        try:
+            getattr(self, f"_hostile_{kind}")(draws)
+        except Exception as exc:
+            self.note_error(f"hostile {kind}", exc)
+            return
+        self.counts[f"hostile {kind}"] += 1
+
+    def _hostile_door(self, d):
+        """``dbqueue_enqueue()`` with a payload of soak_hostile.DOOR_PAYLOADS, as a SQL client
+        would call it; the call and what came of it go to the checker."""
+        import psycopg
+
+        from benchmarks import soak_hostile, soak_settings
+
+        name, text, expect = soak_hostile.DOOR_PAYLOADS[int(d[0] * len(soak_hostile.DOOR_PAYLOADS))]
+        queue_name = PAUSABLE[int(d[1] * len(PAUSABLE))]
+        job, detail = None, ""
+        try:
+            (job,) = self.admin.execute(
+                "SELECT dbqueue_enqueue(%s, %s::jsonb, queue => %s, max_attempts => 3, "
+                "lease_seconds => %s)",
+                [soak_hostile.DOOR_TYPE, text, queue_name, float(soak_settings.LEASE)],
+            ).fetchone()
+            outcome = "taken"
+        except psycopg.Error as exc:
+            outcome = "refused" if exc.sqlstate == "22023" else "error"
+            detail = f"{exc.sqlstate}: {str(exc).splitlines()[0][:300]}"
+        self.facts.door_calls.append(soak_hostile.DoorCall(name, expect, outcome, job, detail))
+
+    def _hostile_poison(self, d):
+        """A ``soak-poison`` job, due in half a second, whose payload a plain ``UPDATE`` then
+        replaces by one of soak_hostile.POISONS while it is pending."""
+        from benchmarks import soak_hostile
+        from django_dbqueue import enqueue
+
+        name, text = soak_hostile.POISONS[int(d[0] * len(soak_hostile.POISONS))]
+        queue_name = PAUSABLE[int(d[1] * len(PAUSABLE))]
+        job = enqueue(soak_hostile.POISON_TYPE, {"ms": 20}, queue=queue_name, delay=0.5)
+        # Noted before the UPDATE (its time then), so that a check never meets a job dead of its
+        # poison that the facts do not name yet; taken back if no row was poisoned.
+        poisoned = self.facts.poisoned
+        poisoned[job.id] = soak_hostile.Poisoned(job.id, name, self.clock.db(), 0)
+        row = self.admin.execute(soak_hostile.POISON_SQL, [text, job.id]).fetchone()
+        if row is None:
+            del poisoned[job.id]
+            return
+        attempts, at = row
+        poisoned[job.id] = soak_hostile.Poisoned(job.id, name, at, attempts)
+
+    def _hostile_retype(self, d):
+        """A ``soak-poison`` job, due in half a second, whose type a plain ``UPDATE`` makes one
+        no worker registers while it is pending; put back 1 to 4 s later (``repair``)."""
+        from benchmarks import soak_hostile
+        from django_dbqueue import enqueue
+
+        queue_name = PAUSABLE[int(d[1] * len(PAUSABLE))]
+        job = enqueue(soak_hostile.POISON_TYPE, {"ms": 20}, queue=queue_name, delay=0.5)
+        retyped = self.facts.retyped
+        retyped[job.id] = soak_hostile.Poisoned(job.id, "type-unknown", self.clock.db(), 0)
+        row = self.admin.execute(
+            soak_hostile.RETYPE_SQL, [soak_hostile.UNKNOWN_TYPE, job.id]
+        ).fetchone()
+        if row is None:
+            del retyped[job.id]
+            return
+        attempts, at = row
+        retyped[job.id] = soak_hostile.Poisoned(job.id, "type-unknown", at, attempts)
+        self.unrepaired.add(job.id)
+        self.at(self.step + 10 + int(d[2] * 30), lambda: self.repair(job.id))
+
+    def repair(self, job_id):
+        """Put a retyped job's type back (at its step, or at the drain's start)."""
+        from benchmarks import soak_hostile
+
+        if job_id not in self.unrepaired:
+            return
+        self.unrepaired.discard(job_id)
+        try:
+            self.admin.execute(
+                soak_hostile.REPAIR_SQL,
+                [soak_hostile.POISON_TYPE, job_id, soak_hostile.UNKNOWN_TYPE],
+            )
+            self.counts["hostile repair"] += 1
+        except Exception as exc:
+            self.note_error("hostile repair", exc)
+
+    def _hostile_grip(self, d):
+        """A caller's transaction holding pending jobs, running jobs or limiter rows
+        ``FOR UPDATE`` for 1 to 5 s (the ``Gripper`` thread, off the soak's loop)."""
+        target = ("pending", "running", "limiter")[int(d[0] * 3)]
+        hold = 1.0 + d[1] * 4.0
+        fractions = d[2 : 2 + 1 + int(d[4] * 3)]
+        self.gripper.tasks.put((target, hold, fractions))
+
     # -- the report ------------------------------------------------------------------------------
 
     def report(self):
@@ -1180,7 +1371,9 @@ class Soak:
         print(f"seed: {self.args.seed}  steps: {self.step + 1}  workers: {self.args.workers}")
         print(f"jobs: {sum(states.values())} {dict(sorted(states.items()))}")
         print(
-            f"runs: {runs} (zombie runs past a lease taken over: {len(self.checker.zombies)}; "
+            f"runs: {runs} (zombie runs past a lease taken over: {len(self.checker.zombies)}, "
+            f"{self.checker.stall_excused} of them right after one of "
+            f"{len(self.checker.stalls)} stalls of the whole soak; "
             f"deaths unseen: {self.unseen_deaths})"
         )
         print(f"producer actions: {sum(producer.values())} {dict(sorted(producer.items()))}")
@@ -1226,6 +1419,14 @@ class Soak:
             f"fair queue: {fair.jobs} jobs of {fair.keys} keys in {fair.claims} claims; most claims "
             f"of one key while another waited for its turn {fair.worst} (bound 2); waits past it "
             f"excused by a fault of the fair worker {fair.excused}"
+        )
+        hostile = {k[8:]: v for k, v in self.counts.items() if k.startswith("hostile ")}
+        hs = self.checker.hostile_stats
+        print(
+            f"hostile actions: {sum(v for k, v in hostile.items() if 'errors' not in k)} "
+            f"{dict(sorted(hostile.items()))}; door calls {dict(sorted(hs.doors.items()))}; "
+            f"poisoned jobs by state {dict(sorted(hs.poisoned.items()))}; grips {hs.grips}; "
+            f"attempts no run began, allowed by {dict(sorted(hs.unrun.items()))}"
         )
         if errors:
             print(f"action errors: {errors}")

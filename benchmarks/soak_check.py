@@ -54,7 +54,9 @@ The invariants:
 - ``left``: at the end, after the drain, a job not done, dead or cancelled;
 - ``effect``: a guarded effect that happened more than once;
 - ``deadlock``: a worker's log (or an operator's error) saying ``deadlock detected``;
-- ``lease-lost``: see above;
+- ``lease-lost``: see above; a lease taken over within a stall of the whole soak (the witness
+  wrote nothing for ``STALL_GAP`` or more) or just after it is a zombie too: every worker missed
+  its heartbeats alike, as if the soak had stopped them all;
 - ``harness``: a run the soak could not record (its recording statement failed): the soak's own
   failure, reported so that it never passes for a clean run;
 - the durable steps of ``soak-steps`` (``ctx.step``; each body writes a ``start`` row and, as
@@ -74,7 +76,8 @@ The invariants:
     no recorded end: the kill came between the body's end and the record's commit), when its
     run lost its lease to a fault the soak injected (a zombie: its record is fenced out), when
     the soak terminated its worker's sessions during the run (the record's INSERT lost its
-    connection), or when the record the job kept was written by such a zombie (the job's next
+    connection), when the soak sent its worker SIGTERM during the run (past the grace the job
+    was handed back unspent and claimed again: the record is fenced out), or when the record the job kept was written by such a zombie (the job's next
     run found the step recorded already, after running it). Nothing else;
   - ``step-records``: a ``done`` job whose recorded steps are not exactly the handler's
     (``STEP_KEYS``: each name and occurrence once), or a record whose run wrote no ``end``.
@@ -129,7 +132,7 @@ import datetime
 import re
 from dataclasses import dataclass, field
 
-from benchmarks import soak_batch, soak_fair, soak_publish
+from benchmarks import soak_batch, soak_fair, soak_hostile, soak_publish
 
 UTC = datetime.UTC
 LIMITS = {"queue limited": ("queue", "limited", 2), "type soak-typed": ("type", "soak-typed", 2)}
@@ -309,6 +312,29 @@ WHERE state NOT IN ('done', 'dead', 'cancelled') GROUP BY state ORDER BY state
 DEADLOCK = re.compile(r"deadlock detected")
 
 
+# The whole machine (or the database) stalled: the witness, which writes a snapshot every 20 ms,
+# wrote nothing for STALL_GAP or more. Every worker missed its heartbeats alike, so a sweep that
+# ran right after (within STALL_AFTER) could find a live worker's registry row stale
+# (presence.STALE_FLOOR: 5 s) and take its lease, as after a SIGSTOP of the whole fleet: such a
+# run is a zombie, not a lease-lost violation. (Seen on a 2-core machine shared with other test
+# suites: a 6.5 s gap, and a sweep 15 ms after it.)
+STALL_GAP = datetime.timedelta(seconds=2.0)
+STALL_AFTER = datetime.timedelta(seconds=2.0)
+STALLS = """
+SELECT at - gap, at FROM (
+    SELECT at, at - lag(at) OVER (ORDER BY at) AS gap FROM soak_witness
+) AS w
+WHERE gap >= %s
+ORDER BY at
+"""
+
+
+def stalled(stalls, taken_at):
+    """Whether ``taken_at`` falls in a stall of ``stalls`` ([(from, until)]) or within
+    ``STALL_AFTER`` after its end."""
+    return any(begin <= taken_at <= end + STALL_AFTER for begin, end in stalls)
+
+
 @dataclass
 class Facts:
     """What the soak knows that the database does not: deaths and faults, in database time."""
@@ -320,6 +346,13 @@ class Facts:
     holds: list = field(default_factory=list)  # ("hold", [dependency ids], from, until)
     errors: list = field(default_factory=list)  # operator/producer errors (text)
     publishes: list = field(default_factory=list)  # (key, event, created, [jobs]): soak_publish
+    # The hostile actor's (benchmarks/soak_hostile.py): door calls, poisoned jobs, grips.
+    door_calls: list = field(default_factory=list)  # [soak_hostile.DoorCall]
+    poisoned: dict = field(default_factory=dict)  # job id -> soak_hostile.Poisoned
+    retyped: dict = field(default_factory=dict)  # job id -> soak_hostile.Poisoned (its type)
+    grips: list = field(default_factory=list)  # ("grip", target, [ids], from, until)
+    worker_exits: list = field(default_factory=list)  # (tag, code, at): not the soak's own end
+    worker_pids: dict = field(default_factory=dict)  # pid -> [slot tags it served]
     lease: float = 5.0
     sweep: float = 0.25
 
@@ -374,6 +407,17 @@ def _terminated(run, faults):
     )
 
 
+def _sigtermed(run, faults):
+    """The soak sent the run's worker SIGTERM while the run went on: past the grace, a graceful
+    stop hands a running job back unspent (docs/concepts/shutdown.md), and the run's later
+    record is fenced out."""
+    begin, end = run.started - TERMINATE_SLACK, run.ended
+    return any(
+        kind == "sigterm" and tag == run.worker and at >= begin and (end is None or at <= end)
+        for kind, tag, at, _until in faults
+    )
+
+
 def _step_excuse(run, recorder, faults):
     """Why a body that finished in ``run`` may have gone unrecorded (None: nothing excuses it).
     ``recorder`` is the run whose record the job kept, if any."""
@@ -383,6 +427,8 @@ def _step_excuse(run, recorder, faults):
         return "died"
     if _terminated(run, faults):
         return "terminated"
+    if _sigtermed(run, faults):
+        return "stopped by SIGTERM"
     if recorder is not None and recorder.zombie:
         return "recorded by a zombie"
     return None
@@ -670,7 +716,10 @@ class Checker:
         self.publish_stats = soak_publish.PublishStats()
         self.batch_stats = soak_batch.BatchStats()
         self.fair_stats = soak_fair.FairStats()
+        self.hostile_stats = soak_hostile.HostileStats()
         self.unseen_deaths = 0
+        self.stalls = []  # [(from, until)]: the whole soak stalled (witness gaps)
+        self.stall_excused = 0  # leases taken over right after a stall, counted as zombies
         self._waiting_seen = {}  # (job, waiting_on, holding, unfinished==0) -> first seen
 
     # -- the whole pass ------------------------------------------------------------------------
@@ -692,6 +741,7 @@ class Checker:
         self._publish()
         self._batches()
         self._fair()
+        self._hostile(final)
         self._unrecorded()
         self._deadlocks()
         if final:
@@ -708,6 +758,9 @@ class Checker:
     # -- runs and their ends ---------------------------------------------------------------------
 
     def _excused(self, worker, taken_at):
+        if stalled(self.stalls, taken_at):
+            self.stall_excused += 1
+            return True
         window = datetime.timedelta(seconds=self.facts.lease + 4 * self.facts.sweep + 1.0)
         for kind, tag, start, until in self.facts.faults:
             if kind not in EXCUSES or tag != worker or start > taken_at:
@@ -720,6 +773,8 @@ class Checker:
         """``[(run, begin, end)]``: each run's interval as the invariants count it."""
         out = []
         self.zombies = set()
+        self.stalls = self.conn.execute(STALLS, [STALL_GAP]).fetchall()
+        self.stall_excused = 0
         step_runs = {}
         for row in self.conn.execute(RUNS).fetchall():
             run = dict(zip(RUN_FIELDS, row, strict=True))
@@ -772,11 +827,17 @@ class Checker:
             for _kind, deps, start, until in list(self.facts.holds)
             if start <= taken and (until is None or until >= taken - window)
         ]
+        grips = [
+            f"{target} {ids} from {start:%H:%M:%S.%f} to "
+            + (f"{until:%H:%M:%S.%f}" if until else "still open")
+            for _kind, target, ids, start, until in list(self.facts.grips)
+            if start <= taken and (until is None or until >= taken - window)
+        ]
         return (
             f"; workflow inserts held open meanwhile depending on {'; '.join(holds)}"
             if holds
             else ""
-        )
+        ) + (f"; callers' transactions held rows FOR UPDATE: {'; '.join(grips)}" if grips else "")
 
     @staticmethod
     def _episodes(intervals, limit):
@@ -967,6 +1028,36 @@ class Checker:
             dict(self.facts.worker_deaths),
             self.fair_stats,
         ):
+            self._add(kind, key, text)
+
+    def _hostile(self, final):
+        hostile = soak_hostile
+        facts = self.facts
+        stats = hostile.HostileStats()
+        found = hostile.exit_violations(list(facts.worker_exits), list(facts.faults))
+        calls = list(facts.door_calls)
+        ids = [call.job for call in calls if call.job is not None]
+        stored = dict(self.conn.execute(hostile.DOOR_STORED, [ids]).fetchall()) if ids else {}
+        found += hostile.door_violations(calls, stored, stats)
+        poisoned = dict(facts.poisoned)
+        if poisoned:
+            jobs = sorted(poisoned)
+            rows = self.conn.execute(
+                hostile.POISONED, [[poisoned[j].at for j in jobs], jobs]
+            ).fetchall()
+            found += hostile.poison_violations(poisoned, rows, final, stats)
+        retyped = dict(facts.retyped)
+        if retyped:
+            rows = self.conn.execute(hostile.RETYPED, [sorted(retyped)]).fetchall()
+            found += hostile.retype_violations(retyped, rows, final)
+        found += hostile.dead_violations(self.conn.execute(hostile.DEAD).fetchall(), poisoned)
+        pids = {pid: list(tags) for pid, tags in list(facts.worker_pids.items())}
+        found += hostile.attempt_violations(
+            self.conn.execute(hostile.UNRUN).fetchall(), list(facts.faults), pids, stats
+        )
+        stats.grips = len(facts.grips)
+        self.hostile_stats = stats
+        for kind, key, text in found:
             self._add(kind, key, text)
 
     def _effects(self):

@@ -50,6 +50,10 @@ DBQUEUE = {
     "BACKOFF_CAP": 1.0,
     "SHUTDOWN_GRACE": 2.0,
     "STATUS_INTERVAL": 0,
+    # A job of a type no worker registers (the hostile actor's retype, benchmarks/soak_hostile.py)
+    # is handed back unspent and due again after this long: short, so it runs soon after its
+    # type is put back.
+    "UNKNOWN_TYPE_DELAY": 1.0,
     # Nothing is deleted while the checker may still read it.
     "DONE_RETENTION": 7 * 86400,
     "CANCELLED_RETENTION": 7 * 86400,

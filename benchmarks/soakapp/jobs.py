@@ -288,6 +288,19 @@ job("soak-sub-ledger", max_attempts=3, atomic=True, timeout=10, subscribes=[EVEN
 job("soak-sub-notify", max_attempts=3, subscribes=[EVENT])(recorded(work))
 
 
+def accept(ctx):
+    """``soak-hostile`` (benchmarks/soak_hostile.py): a job the SQL door took with a payload at
+    the edge of what it takes; its run reads the payload (the worker decoded it) and returns."""
+    return {"payload": type(ctx.payload).__name__}
+
+
+# The hostile actor's types (benchmarks/soak_hostile.py): jobs of the SQL door's edge payloads,
+# and jobs whose payload a plain UPDATE poisons while they are pending (never run, if all is
+# well: ``work`` is what would run).
+job("soak-hostile", queue="default", max_attempts=3)(recorded(accept))
+job("soak-poison", queue="default", max_attempts=3)(recorded(work))
+
+
 def batch_work(batch):
     """``soak-batch`` (benchmarks/soak_batch.py): one call for up to ``soak_batch.SIZE`` jobs.
     Records a run per job as ``recorded`` does, works once for the batch (the longest ``ms`` of

@@ -147,3 +147,19 @@ def test_a_done_job_must_have_each_step_recorded_once():
 def test_a_record_whose_run_wrote_no_end_is_a_violation():
     job = Job().record(1, finished=1.0).body(1, start=0.2)
     assert kinds(check(job, {1: run()})[0]) == ["step-records"]
+
+
+def test_an_unrecorded_body_of_a_run_handed_back_at_a_sigterms_grace_is_excused():
+    # Seed 3535, job 1: w0.1 got SIGTERM 0.1 s into the run; 2 s later it handed the job back
+    # unspent (a run still going after the grace), another worker claimed it as attempt 1, and
+    # the slow body finished 0.1 s after that: its record was fenced out, as designed
+    # (docs/concepts/shutdown.md). The step ran again in the next run.
+    job = Job().body(1, start=0.1, end=2.4, key=("item", 2))
+    job.body(2, start=2.3, end=4.5, key=("item", 2)).record(2, finished=4.6, key=("item", 2))
+    runs = {1: run(started=0.0, ended=2.4), 2: run(worker="w2.1", started=2.3, ended=4.6)}
+    faults = [["sigterm", "w0.1", at(0.1), None]]
+    found, stats = check(job, runs, faults)
+    assert found == [] and stats.again == {"stopped by SIGTERM": 1}
+    # A SIGTERM of another worker, or one after the run, excuses nothing.
+    for fault in (["sigterm", "w1.1", at(0.1), None], ["sigterm", "w0.1", at(9), None]):
+        assert kinds(check(job, runs, [fault])[0]) == ["step-unrecorded"]
