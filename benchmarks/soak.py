@@ -1280,7 +1280,7 @@ class Soak:
         job, detail = None, ""
         try:
             (job,) = self.admin.execute(
-                "SELECT dbqueue_enqueue(%s, %s::jsonb, queue => %s, max_attempts => 3, "
+                "SELECT dbqueue.dbqueue_enqueue(%s, %s::jsonb, queue => %s, max_attempts => 3, "
                 "lease_seconds => %s)",
                 [soak_hostile.DOOR_TYPE, text, queue_name, float(soak_settings.LEASE)],
             ).fetchone()
