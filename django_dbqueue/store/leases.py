@@ -2,7 +2,7 @@
 connection), and the sweeper's rescue of expired leases."""
 
 from .. import names
-from ._db import _commit, _execute, int_array
+from ._db import _commit, _execute, dependents_free, int_array
 
 # Heartbeat: push the lease of every job this worker still runs forward by the job's lease.
 # Fenced; a job missing from the answer was taken back by the sweeper and belongs to someone else.
@@ -202,9 +202,14 @@ def release_unknown(using, *, worker, known):
 # of its runs and unwritten outcomes; a run whose outcome it gave up writing). %(worker)s is NULL
 # for a sweeper outside a worker, and while a worker recovers from a lost connection (it does
 # not know yet what a lost claim took: it hands those back itself, unspent).
+# A job going dead or cancelled whose workflow dependent another transaction holds is left
+# for a later sweep (DEPENDENTS_FREE): its trigger would wait for that row, and the session's
+# lock_timeout would fail the whole sweep, every other expired lease with it.
 RESCUE_EXPIRED = """
-WITH expired AS MATERIALIZED (
-    SELECT j.id FROM dbqueue_job AS j
+WITH mine AS MATERIALIZED (
+    SELECT j.id, j.dependents,
+           j.cancel_requested_at IS NOT NULL OR j.attempts >= j.max_attempts AS ending
+    FROM dbqueue_job AS j
     WHERE j.state::text = 'running' AND j.leased_until < now()
       AND ((j.worker_id::text = %(worker)s::text
             AND NOT (j.lease_token = ANY(%(known)s::bigint[])))
@@ -213,7 +218,8 @@ WITH expired AS MATERIALIZED (
     ORDER BY j.leased_until
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
-)
+),
+{FREE}
 UPDATE dbqueue_job AS j
 SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
@@ -238,13 +244,13 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
         'traceback', '',
         'worker', j.worker_id,
         'at', now()))
-FROM expired
+FROM free AS expired
 WHERE j.id = expired.id
 RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_by,
           CASE WHEN j.type::text = 'django.tasks'
                     AND jsonb_typeof(j.payload -> 'task'::text) = 'string'
                THEN j.payload ->> 'task'::text END
-"""
+""".replace("{FREE}", dependents_free("m.ending"))
 
 
 def rescue_expired(using, *, limit, base, factor, cap, worker=None, known=()):
