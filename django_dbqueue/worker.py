@@ -102,6 +102,9 @@ class Worker:
         self._readable = False  # the session's socket woke the loop: notifications to read
         self._acks_ready = threading.Event()
         self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
+        # Set by run_jobqueue: giving up, this process restarts in place (restart.py), so its
+        # stop leaves it in the worker registry as "restarting" (shutdown.leave_registry).
+        self.restarts_in_place = False
         self._signals = 0
         self._stop_signalled = False  # a signal asked to stop (see install_signal_handlers)
         self._reconnected = False

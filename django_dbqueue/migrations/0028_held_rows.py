@@ -17,13 +17,20 @@
 # running holds. The other queues and types are claimed as usual, and the claim says to look
 # again within a second (its closing row's wait), when the row may be free.
 #
+# And a worker that gives up and restarts in place (restart.py) no longer leaves the worker
+# registry as it stops: it shows ``restarting``, its row's deadlines pushed out past the time
+# its new image takes to come up, so that no sweeper takes back, in between, a job whose run or
+# outcome the old image hands to the new one (the new image writes it, fenced by its token; a
+# sweep would have counted the attempt again and fenced that write out). The registry's state
+# CHECK admits the new value.
+#
 # The function is 0026's text with those changes (the pinned path, the tables and our functions
 # named with their schema); migrating back installs 0026's text again.
 
 import importlib
 import re
 
-from django.db import migrations
+from django.db import migrations, models
 
 _FUNCTION = re.compile(r"CREATE OR REPLACE FUNCTION \{schema\}\.(dbqueue_\w+)\(.*?\$fn\$;", re.S)
 
@@ -144,4 +151,25 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunPython(skip_held_limiters, wait_for_limiters),
+        # The worker registry's new state (presence.py): a worker restarting in place.
+        migrations.RemoveConstraint(model_name="workerrecord", name="dbqueue_worker_state_valid"),
+        migrations.AlterField(
+            model_name="workerrecord",
+            name="state",
+            field=models.CharField(
+                choices=[
+                    ("running", "running"),
+                    ("stopping", "stopping"),
+                    ("restarting", "restarting"),
+                ],
+                max_length=10,
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="workerrecord",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("state__in", ["running", "stopping", "restarting"])),
+                name="dbqueue_worker_state_valid",
+            ),
+        ),
     ]

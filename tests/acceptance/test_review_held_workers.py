@@ -140,12 +140,6 @@ def test_a_held_join_of_a_fan_in_does_not_cost_the_other_jobs_their_leases(start
 RESTART_SETTINGS = "tests.acceptance.settings_review_restart"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3: a restart in place leaves the worker registry before its exec "
-    "(shutdown.shut_down withdraws), so until the new image announces itself any sweeper "
-    "takes back a job whose outcome the old image handed over, and the job runs again",
-)
 def test_a_restart_in_place_keeps_the_outcome_it_hands_over(start_worker, tmp_path, monkeypatch):
     """A job finished on a worker while a caller's transaction held its row: its success was
     put off (as designed) and, the worker giving up meanwhile (three keyed runs hang past their
