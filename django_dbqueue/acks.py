@@ -11,9 +11,11 @@ had committed after all, the outcome is reported (signals, counts) as if the rep
 
 A write about a job whose row another transaction holds (a caller's ``select_for_update()``, a
 signal or cancel whose deferred trigger ran early, a workflow linking a dependent to it) never
-waits for it on the worker's only connection: the statements pass such a row over (SKIP LOCKED)
-and the read-back finds it still running under this claim, or the session's ``lock_timeout``
-ends a wait inside a trigger. That outcome is kept aside, its lease renewed with the rest, and
+waits for it on the worker's only connection: the statements pass such a row over (SKIP LOCKED),
+and a job whose workflow dependent such a transaction holds, which its end must count down or
+cancel, too (store DEPENDENTS_FREE); the read-back finds it still running under this claim. The
+rare wait that escapes that (a dependent linked after the statement began) is ended by the
+session's ``lock_timeout``, and the whole batch is put off at once. That outcome is kept aside, its lease renewed with the rest, and
 written again after a short delay (``BUSY_FIRST`` doubling up to ``BUSY_MOST``) until the row is
 free: nothing is lost, and every other outcome is written now.
 """

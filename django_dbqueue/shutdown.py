@@ -20,6 +20,8 @@ from .connections import BUSY_ERRORS, DB_ERRORS, OTHER_DB_ERRORS
 
 logger = logging.getLogger("django_dbqueue")
 
+EXIT_GAVE_UP = 3  # the worker gave up (Worker.fatal): "restart me"
+
 
 def quiet_tick(w, wait):
     """While shutting down: keep writing outcomes, renewing leases and watching timeouts."""
@@ -194,7 +196,6 @@ def leave_registry(w):
     announces itself: the jobs whose runs and outcomes it hands over (restart.held_runs) must
     not look like a dead worker's to the sweepers in between (presence.Presence.restarting)."""
     from .restart import expected_within
-    from .worker import EXIT_GAVE_UP
 
     if w.exit_code == EXIT_GAVE_UP and w.restarts_in_place:
         w.presence.restarting(w.session, expected_within())

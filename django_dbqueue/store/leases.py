@@ -91,16 +91,18 @@ def release(using, held):
 # expressions read the row's old values).
 # It never waits for a row lock: the rows are locked first with SKIP LOCKED, and one that a
 # caller's transaction holds comes back 'busy' (still this claim's in the statement's snapshot),
-# for the worker to try again (shutdown.release) while it writes everything else.
+# for the worker to try again (shutdown.release) while it writes everything else; so does a job
+# ending cancelled whose workflow dependent a caller holds (DEPENDENTS_FREE).
 RELEASE_JOBS = """
 WITH mine AS MATERIALIZED (
-    SELECT j.id
+    SELECT j.id, j.dependents, j.cancel_requested_at IS NOT NULL AS ending
     FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS r(id, token)
     JOIN dbqueue_job AS j ON j.id = r.id AND j.lease_token = r.token
     WHERE j.state::text = 'running'
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
+{FREE},
 released AS (
     UPDATE dbqueue_job AS j
     SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -110,17 +112,17 @@ released AS (
         leased_until = NULL,
         worker_id = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE j.worker_id END,
         lease_token = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE j.lease_token END
-    WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM free))
     RETURNING j.id, j.state::text AS state
 )
 SELECT id, state FROM released
 UNION ALL
 SELECT r.id, 'busy'
 FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS r(id, token)
-WHERE NOT (r.id = ANY(ARRAY(SELECT id FROM mine)))
+WHERE NOT (r.id = ANY(ARRAY(SELECT id FROM free)))
   AND EXISTS (SELECT 1 FROM dbqueue_job AS v
               WHERE v.id = r.id AND v.lease_token = r.token AND v.state::text = 'running')
-"""
+""".replace("{FREE}", dependents_free("m.ending"))
 
 
 def hand_back(using, held):
@@ -144,15 +146,17 @@ def release_ending(using, held):
 # under this worker that it never heard of (they would sit out their lease and spend an attempt
 # that never ran). Hand back every job this worker holds except those it knows. Served by the
 # partial index on running jobs. A job whose cancel was asked for ends cancelled instead.
-# SKIP LOCKED like RELEASE_JOBS: a row a caller's transaction holds comes back not released
-# (false), for the worker to try again later instead of waiting on its only connection.
+# SKIP LOCKED like RELEASE_JOBS: a row a caller's transaction holds (or, for a job ending
+# cancelled, a dependent's) comes back not released (false), for the worker to try again later
+# instead of waiting on its only connection.
 RELEASE_UNKNOWN_JOBS = """
 WITH mine AS MATERIALIZED (
-    SELECT id FROM dbqueue_job
+    SELECT id, dependents, cancel_requested_at IS NOT NULL AS ending FROM dbqueue_job
     WHERE state::text = 'running' AND worker_id::text = %(worker)s::text
       AND NOT (lease_token = ANY(%(known)s::bigint[]))
     FOR NO KEY UPDATE SKIP LOCKED
 ),
+{FREE},
 released AS (
     UPDATE dbqueue_job
     SET state = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -160,7 +164,7 @@ released AS (
                         ELSE attempts END,
         finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
         leased_until = NULL, worker_id = NULL, lease_token = NULL
-    WHERE id = ANY(ARRAY(SELECT id FROM mine))
+    WHERE id = ANY(ARRAY(SELECT id FROM free))
     RETURNING id
 )
 SELECT id, true FROM released
@@ -168,8 +172,8 @@ UNION ALL
 SELECT id, false FROM dbqueue_job
 WHERE state::text = 'running' AND worker_id::text = %(worker)s::text
   AND NOT (lease_token = ANY(%(known)s::bigint[]))
-  AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))
-"""
+  AND NOT (id = ANY(ARRAY(SELECT id FROM free)))
+""".replace("{FREE}", dependents_free("m.ending"))
 
 
 def hand_back_unknown(using, *, worker, known):

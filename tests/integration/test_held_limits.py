@@ -154,3 +154,33 @@ def test_a_dead_end_whose_dependent_is_held_is_put_off_without_a_lock_wait(sessi
     assert acks.flush_once(session) == 1
     assert job_row(parent_id)["state"] == "dead"
     assert job_row(dependent_id)["state"] == "cancelled"
+
+
+def test_a_release_ending_cancelled_whose_dependent_is_held_comes_back_busy(session, callers):
+    """At a stop, a job whose cancel was asked for ends cancelled instead of going back, which
+    cancels its workflow dependent. With that dependent held by a caller the hand-back says
+    busy (tried again while the worker stops) without a lock wait; the other job of the same
+    hand-back goes back now."""
+    wf = workflow()
+    parent = wf.add("record", {"p": 1})
+    wf.add("record", {"d": 1}, depends_on=[parent])
+    parent_id, dependent_id = (job.id for job in wf.enqueue())
+    other_id = enqueue("record", {"o": 1}).id
+    token = store.new_token()
+    rows = store.claim(
+        "default", worker_id=WORKER, queues=["default"], limits=[2], limit=2, token=token
+    )
+    assert sorted(row.id for row in rows) == sorted([parent_id, other_id])
+    with psycopg.connect(**connection_params("default"), autocommit=True) as conn:
+        conn.execute(
+            "UPDATE dbqueue_job SET cancel_requested_at = now() WHERE id = %s", [parent_id]
+        )
+    caller = callers("SELECT 1 FROM dbqueue_job WHERE id = %s FOR UPDATE", [dependent_id])
+
+    ended, busy = store.hand_back(session, [(parent_id, token), (other_id, token)])
+
+    assert (ended, busy) == ({other_id: "pending"}, {parent_id})
+    assert session.lock_waits == 0
+    caller.end()
+    assert store.hand_back(session, [(parent_id, token)]) == ({parent_id: "cancelled"}, set())
+    assert job_row(dependent_id)["state"] == "cancelled"
