@@ -11,9 +11,11 @@ had committed after all, the outcome is reported (signals, counts) as if the rep
 
 A write about a job whose row another transaction holds (a caller's ``select_for_update()``, a
 signal or cancel whose deferred trigger ran early, a workflow linking a dependent to it) never
-waits for it on the worker's only connection: the statements pass such a row over (SKIP LOCKED)
-and the read-back finds it still running under this claim, or the session's ``lock_timeout``
-ends a wait inside a trigger. That outcome is kept aside, its lease renewed with the rest, and
+waits for it on the worker's only connection: the statements pass such a row over (SKIP LOCKED),
+and a job whose workflow dependent such a transaction holds, which its end must count down or
+cancel, too (store DEPENDENTS_FREE); the read-back finds it still running under this claim. The
+rare wait that escapes that (a dependent linked after the statement began) is ended by the
+session's ``lock_timeout``, and the whole batch is put off at once. That outcome is kept aside, its lease renewed with the rest, and
 written again after a short delay (``BUSY_FIRST`` doubling up to ``BUSY_MOST``) until the row is
 free: nothing is lost, and every other outcome is written now.
 """
@@ -292,12 +294,15 @@ class Acknowledger(Reporting):
         try:
             matched = store.completed_endings(db.execute(*self.done_statement(done)))
         except BUSY_ERRORS:
-            # A wait inside the statement (a workflow dependent's row that another transaction
-            # holds) ran out: narrow it down; the others go through.
-            if len(done) == 1:
-                self._put_off("done", done[0], "a dependent's row")
-                return 0
-            return sum(self._write_done(db, [item]) for item in done)
+            # A wait inside the statement ran out. The statement locks the rows it changes with
+            # SKIP LOCKED first, the workflow dependents included (store DEPENDENTS_FREE), so
+            # this is the rare race that escapes it (a dependent linked after its snapshot). Not
+            # narrowed down job by job, which would wait lock_timeout again for each one on the
+            # worker's only connection: the whole batch is put off and written again shortly,
+            # by the same statement, which then leaves out what is still held.
+            for item in done:
+                self._put_off("done", item, "a dependent's row")
+            return 0
         except DB_ERRORS:
             raise
         except Exception:

@@ -64,6 +64,15 @@ def claim(w, done=None):
             completed, claimed = w.session.execute_pipelined(
                 [w.acks.done_statement(done), statement]
             )
+        except BUSY_ERRORS:
+            # A lock wait ran out (a row another transaction holds; the completion locks what
+            # it changes with SKIP LOCKED first, so it is rarely one of the completion's): the
+            # connection is fine. The successes go their own way, where a held one is put off
+            # alone (acks.py), and the claim runs alone: successes that failed it once must not
+            # ride on every later claim and fail each of them the same way. (In autocommit the
+            # pipeline's transaction rolled back at its Sync; the connection is idle.)
+            _write_done(w, done)
+            claimed = w.session.execute(*statement)
         except DB_ERRORS:
             w.acks.restore_done(done)
             raise

@@ -4,7 +4,9 @@ its heartbeat, so that the admin, ``jobqueue_status`` and the metrics can list t
 A worker writes its own row only, on its own connection (``Worker.session``: no extra
 connection, no session state, so PgBouncer in transaction mode is fine): at start, then once per
 ``HEARTBEAT_INTERVAL`` (``announce_once``, one small UPSERT, never on the claim's or the
-completion's round trip), and it deletes it at a clean stop (``withdraw``). A worker that stops
+completion's round trip), and it deletes it at a clean stop (``withdraw``), except when it gave
+up and restarts in place: then it shows ``restarting`` until its new image, under the same id,
+refreshes the row (``restarting``). A worker that stops
 beating (``kill -9``, a lost host, a hung loop) is shown *stale* once ``stale_after`` seconds
 passed since its last heartbeat, is hidden from every listing after ``expire_after`` seconds, and
 its row is deleted by the next sweep of any worker (``FORGET_EXPIRED_WORKERS``,
@@ -77,6 +79,43 @@ class Presence:
         )
         self.announced += 1
 
+    def restarting(self, db, within):
+        """A worker that gives up and restarts in place (restart.py) keeps its row instead of
+        deleting it: shown ``restarting``, stale only ``within`` seconds (the restart's wait
+        and the new image's start-up) plus the usual margin from now. The sweeper takes back
+        the expired leases of a worker whose row is stale or gone (store RESCUE_EXPIRED): the
+        jobs the old image hands to the new one stay theirs until the new image, under the same
+        worker id, writes their ends and announces itself. Should the new image never come,
+        the row goes stale then and the sweeper takes them back as after a crash. A failure is
+        logged: the row then goes stale at its last heartbeat's deadline."""
+        w = self.worker
+        interval = w.conf.HEARTBEAT_INTERVAL
+        try:
+            store.announce_worker(
+                db,
+                worker=w.worker_id,
+                host=self.host,
+                pid=self.pid,
+                version=package_version(),
+                queues=w.queues,
+                concurrency=w.concurrency,
+                execution=w.execution,
+                group_pid=w.parent_pid,
+                state="restarting",
+                stale=within + stale_after(interval),
+                expire=within + expire_after(interval),
+                running=len(w.inflight),
+                async_commit=False,
+            )
+        except Exception as exc:  # the image is being replaced: nothing else to do about it
+            logger.warning(
+                "dbqueue worker %s could not say in the worker registry that it restarts (%s); "
+                "its row goes stale %gs after its last heartbeat",
+                w.worker_id,
+                exc,
+                stale_after(interval),
+            )
+
     def withdraw(self, db):
         """Delete this worker's row (a clean stop). A failure is logged: the row then expires."""
         w = self.worker
@@ -104,7 +143,7 @@ class LiveWorker:
     concurrency: int
     execution: str
     group_pid: int | None
-    state: str  # "running" or "stopping"
+    state: str  # "running", "stopping" or "restarting"
     started_at: datetime
     heartbeat_at: datetime
     stale: bool  # missed its heartbeats: killed, hung or cut off; gone soon

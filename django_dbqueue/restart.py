@@ -23,7 +23,9 @@ failure waited for their end, runs that must not overlap a second one and were s
 the grace, outcomes it could not write. Their threads die with the old image, so the new one
 writes their ends before anything else, fenced by their lease tokens: each such run was started,
 so its attempt counts (a run past its timeout as a ``TimeoutError``, a run cut short by the
-restart as ``WorkerRestarted``; a finished run's outcome as it was). Then, on its first pass, it
+restart as ``WorkerRestarted``; a finished run's outcome as it was). Meanwhile the worker
+registry shows the worker ``restarting`` rather than gone (shutdown.leave_registry), so that no
+sweeper takes those jobs back between the two images. Then, on its first pass, it
 hands back, without spending an attempt, every other job that worker id still holds
 (``Worker._recover``): those were never started (a claim whose reply was lost, a release that
 failed as it stopped). docs/concepts/shutdown.md has the table of every path.
@@ -55,6 +57,9 @@ logger = logging.getLogger("django_dbqueue")
 ENV = "DBQUEUE_RESTARTED"
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 WINDOW = 60.0  # restarts within this many seconds count towards the delay
+# Seconds a new image may take from the exec to its first heartbeat (Python, Django, the app's
+# imports) while the registry shows the worker restarting (presence.Presence.restarting).
+STARTUP = 60.0
 _taken = []  # the state taken out of the environment: [state or None]
 
 
@@ -201,6 +206,13 @@ def take_over(worker, held):
     return len(held)
 
 
+def expected_within():
+    """Seconds within which the new image of a restart in place starting now should announce
+    itself in the worker registry: the restart's wait (:func:`delay`) and ``STARTUP``."""
+    state = previous() or {"times": []}
+    return delay(state["times"], time.time()) + STARTUP
+
+
 def delay(times, now):
     """Seconds to wait before the next restart, given the recent restarts ``times``."""
     recent = [t for t in times if now - t < WINDOW]
@@ -257,6 +269,8 @@ def in_place(worker, out):
     if worker._signals:  # a stop was asked for meanwhile: stop, do not restart
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
         out(f"dbqueue worker {worker.worker_id}: stop asked for; not restarting")
+        worker.presence.withdraw(worker.session)  # it said "restarting": gone after all
+        worker.session.close()
         return
     times = [t for t in state["times"] if now - t < WINDOW] + [time.time()]
     # The runs it still holds: their threads end with this image, and the new one writes their

@@ -20,6 +20,8 @@ from .connections import BUSY_ERRORS, DB_ERRORS, OTHER_DB_ERRORS
 
 logger = logging.getLogger("django_dbqueue")
 
+EXIT_GAVE_UP = 3  # the worker gave up (Worker.fatal): "restart me"
+
 
 def quiet_tick(w, wait):
     """While shutting down: keep writing outcomes, renewing leases and watching timeouts."""
@@ -171,7 +173,7 @@ def shut_down(w):
     for helper in (w.listener, w.waker):
         if helper is not None:
             helper.join(1.0)
-    w.presence.withdraw(w.session)  # gone from the registry at once
+    leave_registry(w)
     w.session.close()
     w._wakeup.close()
     connections[w.using].close()
@@ -186,6 +188,19 @@ def shut_down(w):
         w.claims,
         w.empty_claims,
     )
+
+
+def leave_registry(w):
+    """Gone from the worker registry at once; or, when the worker gave up and its command
+    restarts it in place (``w.restarts_in_place``), shown ``restarting`` until the new image
+    announces itself: the jobs whose runs and outcomes it hands over (restart.held_runs) must
+    not look like a dead worker's to the sweepers in between (presence.Presence.restarting)."""
+    from .restart import expected_within
+
+    if w.exit_code == EXIT_GAVE_UP and w.restarts_in_place:
+        w.presence.restarting(w.session, expected_within())
+    else:
+        w.presence.withdraw(w.session)
 
 
 def install_signal_handlers(w):

@@ -37,11 +37,10 @@ from .connections import BUSY_ERRORS, DB_ERRORS, OTHER_DB_ERRORS, reset_connecti
 from .execution import retry_delay
 from .inflight import Inflight
 from .notifications import Wakeup, parse_named, parse_wakeup
-from .shutdown import install_signal_handlers, shut_down
+from .shutdown import EXIT_GAVE_UP, install_signal_handlers, shut_down
 
 logger = logging.getLogger("django_dbqueue")
 
-EXIT_GAVE_UP = 3
 UNCAPPED = 2**31 - 1  # a queue without its own concurrency: the claim's limit bounds it
 
 
@@ -102,6 +101,7 @@ class Worker:
         self._readable = False  # the session's socket woke the loop: notifications to read
         self._acks_ready = threading.Event()
         self._releasing = False  # a signal or a fatal error: hand unstarted jobs back
+        self.restarts_in_place = False  # set by run_jobqueue (shutdown.leave_registry)
         self._signals = 0
         self._stop_signalled = False  # a signal asked to stop (see install_signal_handlers)
         self._reconnected = False

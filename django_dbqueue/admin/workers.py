@@ -2,8 +2,8 @@
 
 Imported by the admin package. It lists the workers that are not expired, as ``jobqueue_status``
 does (``presence.live_workers``): host, pid, version, queues, concurrency, execution mode, state
-(running, stopping, or stale: it missed its heartbeats), start, last heartbeat and the jobs it
-runs now, which link to those jobs. Nobody adds, changes or deletes a worker here: each worker
+(running, stopping, restarting, or stale: it missed its heartbeats), start, last heartbeat and
+the jobs it runs now, which link to those jobs. Nobody adds, changes or deletes a worker here: each worker
 writes its own row, and a deleted row would come back at its next heartbeat. Seeing the page
 needs the "view worker" permission."""
 

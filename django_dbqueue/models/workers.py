@@ -30,7 +30,8 @@ class WorkerRecord(models.Model):
         null=True, blank=True, help_text="The run_jobqueue --processes parent, if any."
     )
     state = models.CharField(
-        max_length=10, choices=[("running", "running"), ("stopping", "stopping")]
+        max_length=10,
+        choices=[("running", "running"), ("stopping", "stopping"), ("restarting", "restarting")],
     )
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField()
@@ -43,7 +44,8 @@ class WorkerRecord(models.Model):
         verbose_name = "worker"
         constraints = [
             models.CheckConstraint(
-                condition=Q(state__in=["running", "stopping"]), name="dbqueue_worker_state_valid"
+                condition=Q(state__in=["running", "stopping", "restarting"]),
+                name="dbqueue_worker_state_valid",
             ),
             *(  # bounds.py
                 time_range("dbqueue_worker", column)

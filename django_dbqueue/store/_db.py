@@ -132,3 +132,45 @@ def time_or_text(at, text):
     """The two columns of :func:`time_columns` as one: a datetime, PostgreSQL's text (a str) of
     a time Python cannot show, or None."""
     return at if text is None else text
+
+
+# Workflow dependents (docs/concepts/worker.md#callers-transactions): a statement that ends a job
+# of a workflow changes its dependents' rows too (a completion counts them down; a dead or
+# cancelled end fires dbqueue_settle_dependents, migration 0009, which locks them and cancels or
+# releases them). A caller's transaction holding one of those rows (a select_for_update(), a
+# signal or cancel whose deferred trigger ran early) would make that statement wait, and the
+# session's lock_timeout then fail it whole: every other job of the batch with it, at every try.
+# So the statements of a worker's Session lock the dependents first, with SKIP LOCKED, in id
+# order (as the trigger and the completion lock them: already held, those locks wait for
+# nothing), and end only the jobs whose dependents they hold: ``free``. A job with a dependent
+# another transaction holds is left out, still running under its claim: the worker reads it back
+# and writes it again later (acks.py), the sweeper takes it back on a later sweep, while every
+# other job is written now. Appended to a CTE ``mine (id, dependents, ending)``: ``ending`` says
+# whether the job's end touches its dependents at all (:func:`dependents_free`'s ``ending``: an
+# expression on ``m``).
+# Only dependents waiting or cancelled, as the trigger locks; one that a newer transaction
+# linked after this statement's snapshot is not seen here, and its lock, taken later, is the
+# one wait left (bounded by lock_timeout: rare, and tried again as before).
+DEPENDENTS_FREE = """
+kin AS MATERIALIZED (
+    SELECT d.id FROM dbqueue_job AS d
+    WHERE d.id = ANY(ARRAY(SELECT pg_catalog.unnest(m.dependents) FROM mine AS m
+                           WHERE {ENDING}))
+      AND d.state::text = ANY(ARRAY['waiting', 'cancelled']::text[])
+    ORDER BY d.id
+    FOR NO KEY UPDATE OF d SKIP LOCKED
+),
+free AS MATERIALIZED (
+    SELECT m.id FROM mine AS m
+    WHERE m.dependents IS NULL OR NOT ({ENDING}) OR NOT EXISTS (
+        SELECT 1 FROM dbqueue_job AS v
+        WHERE v.id = ANY(m.dependents)
+          AND v.state::text = ANY(ARRAY['waiting', 'cancelled']::text[])
+          AND NOT (v.id = ANY(ARRAY(SELECT k.id FROM kin AS k))))
+)"""
+
+
+def dependents_free(ending):
+    """The CTEs ``kin`` and ``free`` (:data:`DEPENDENTS_FREE`), for a statement's text after a
+    CTE ``mine``; ``ending``: whether a job's end touches its dependents (SQL on ``m``)."""
+    return DEPENDENTS_FREE.replace("{ENDING}", ending)

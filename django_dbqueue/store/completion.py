@@ -5,7 +5,7 @@ whose reply was lost. Every write is fenced by the claim's lease token."""
 import json
 
 from ..connections import PlannedOnce
-from ._db import _commit, _execute, int_array, text_array
+from ._db import _commit, _execute, dependents_free, int_array, text_array
 
 
 def _channel():
@@ -178,18 +178,19 @@ SELECT (SELECT pg_catalog.json_agg(id) FROM completed WHERE done)::text,
 
 _MINE = """
 mine AS MATERIALIZED (
-    SELECT j.id
+    SELECT j.id, j.dependents
     FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[]))
         AS m(id, token)
     JOIN dbqueue_job AS j ON j.id = m.id AND j.lease_token = m.token
     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.state::text = %(running)s::text
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
-),"""
+),
+{FREE},""".replace("{FREE}", dependents_free("true"))
 COMPLETE_JOBS = _COMPLETE.replace("{MINE}", "").replace("{ONLY_MINE}", "")  # not on a Session
 COMPLETE_HELD_JOBS = PlannedOnce(
     _COMPLETE.replace("{MINE}", _MINE).replace(
-        "{ONLY_MINE}", "\n      AND c.id IN (SELECT id FROM mine)"
+        "{ONLY_MINE}", "\n      AND c.id IN (SELECT id FROM free)"
     )
 )
 
@@ -249,7 +250,9 @@ def fail(using, *, job_id, token, error, delay, dead=False):
 # by hand that the worker fails as unreadable), and a typed one would fail the reply.
 # The worker writes it on its only connection: the row is locked first with SKIP LOCKED, so a
 # row a caller's transaction holds matches nothing instead of holding up every other lease; the
-# worker reads it back (still running under this claim) and writes it again later.
+# worker reads it back (still running under this claim) and writes it again later. On a worker's
+# Session (FAIL_HELD_JOB) the same for a dead or cancelled end whose workflow dependent another
+# transaction holds (DEPENDENTS_FREE); through Django's connection (store.fail) that waits.
 FAIL_JOB = """
 WITH mine AS MATERIALIZED (
     SELECT id FROM dbqueue_job
@@ -273,13 +276,41 @@ RETURNING state, cancelled_by,
           CASE WHEN state::text <> 'pending' AND {RESULT_WAITED}
                THEN pg_notify(%(channel)s::text || '.done', id::text) END
 """.replace("{RESULT_WAITED}", RESULT_WAITED)
+# On a worker's Session (acks.py), the same without waiting for a dependent (DEPENDENTS_FREE).
+FAIL_HELD_JOB = """
+WITH mine AS MATERIALIZED (
+    SELECT id, dependents,
+           cancel_requested_at IS NOT NULL OR %(dead)s::boolean OR attempts >= max_attempts
+               AS ending
+    FROM dbqueue_job
+    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+{FREE}
+UPDATE dbqueue_job
+SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN %(dead)s::boolean OR attempts >= max_attempts THEN 'dead'
+                 ELSE 'pending' END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s::boolean
+                            OR attempts >= max_attempts THEN now() END,
+    run_after = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s::boolean
+                          OR attempts >= max_attempts
+                     THEN run_after ELSE now() + %(delay)s::float8 * interval '1 second' END,
+    leased_until = NULL,
+    errors = errors || pg_catalog.jsonb_build_array(
+        %(error)s::jsonb || pg_catalog.jsonb_build_object('at'::text, now()))
+WHERE id = (SELECT id FROM free)
+RETURNING state, cancelled_by,
+          CASE WHEN state::text <> 'pending' AND {RESULT_WAITED}
+               THEN pg_notify(%(channel)s::text || '.done', id::text) END
+""".replace("{RESULT_WAITED}", RESULT_WAITED).replace("{FREE}", dependents_free("m.ending"))
 
 
 def fail_job(using, *, job_id, token, error, delay, dead=False):
     """:func:`fail`, returning ``(state, cancelled_by)``, or ``None`` when fenced out."""
     rows = _execute(
         using,
-        FAIL_JOB,
+        FAIL_JOB if isinstance(using, str) else FAIL_HELD_JOB,
         {
             "id": job_id,
             "token": token,
@@ -311,6 +342,22 @@ WHERE id = (SELECT id FROM mine)
 RETURNING state, cancelled_by,
           CASE WHEN {RESULT_WAITED} THEN pg_notify(%(channel)s::text || '.done', id::text) END
 """.replace("{RESULT_WAITED}", RESULT_WAITED)
+# On a worker's Session (acks.py), the same without waiting for a dependent (DEPENDENTS_FREE).
+END_CANCELLED_HELD = """
+WITH mine AS MATERIALIZED (
+    SELECT id, dependents FROM dbqueue_job
+    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+{FREE_ALL}
+UPDATE dbqueue_job
+SET state = 'cancelled', finished_at = now(), leased_until = NULL,
+    cancel_requested_at = COALESCE(cancel_requested_at, now()),
+    cancelled_by = COALESCE(cancelled_by::text, %(by)s::text)
+WHERE id = (SELECT id FROM free)
+RETURNING state, cancelled_by,
+          CASE WHEN {RESULT_WAITED} THEN pg_notify(%(channel)s::text || '.done', id::text) END
+""".replace("{RESULT_WAITED}", RESULT_WAITED).replace("{FREE_ALL}", dependents_free("true"))
 
 
 def end_cancelled(using, *, job_id, token, by="handler"):
@@ -318,7 +365,8 @@ def end_cancelled(using, *, job_id, token, by="handler"):
     ``cancelled``, fenced. ``by`` is recorded unless a cancel request already named someone.
     Returns who cancelled it, or ``None`` when the write was fenced out. A durable commit."""
     params = {"id": job_id, "token": token, "by": by, "channel": _channel()}
-    rows = _execute(using, END_CANCELLED, params)
+    statement = END_CANCELLED if isinstance(using, str) else END_CANCELLED_HELD
+    rows = _execute(using, statement, params)
     return (rows[0][1] or "") if rows else None
 
 

@@ -2,7 +2,7 @@
 connection), and the sweeper's rescue of expired leases."""
 
 from .. import names
-from ._db import _commit, _execute, int_array
+from ._db import _commit, _execute, dependents_free, int_array
 
 # Heartbeat: push the lease of every job this worker still runs forward by the job's lease.
 # Fenced; a job missing from the answer was taken back by the sweeper and belongs to someone else.
@@ -91,16 +91,18 @@ def release(using, held):
 # expressions read the row's old values).
 # It never waits for a row lock: the rows are locked first with SKIP LOCKED, and one that a
 # caller's transaction holds comes back 'busy' (still this claim's in the statement's snapshot),
-# for the worker to try again (shutdown.release) while it writes everything else.
+# for the worker to try again (shutdown.release) while it writes everything else; so does a job
+# ending cancelled whose workflow dependent a caller holds (DEPENDENTS_FREE).
 RELEASE_JOBS = """
 WITH mine AS MATERIALIZED (
-    SELECT j.id
+    SELECT j.id, j.dependents, j.cancel_requested_at IS NOT NULL AS ending
     FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS r(id, token)
     JOIN dbqueue_job AS j ON j.id = r.id AND j.lease_token = r.token
     WHERE j.state::text = 'running'
     ORDER BY j.id
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
+{FREE},
 released AS (
     UPDATE dbqueue_job AS j
     SET state = CASE WHEN j.cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -110,17 +112,17 @@ released AS (
         leased_until = NULL,
         worker_id = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE j.worker_id END,
         lease_token = CASE WHEN j.cancel_requested_at IS NULL THEN NULL ELSE j.lease_token END
-    WHERE j.id = ANY(ARRAY(SELECT id FROM mine))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM free))
     RETURNING j.id, j.state::text AS state
 )
 SELECT id, state FROM released
 UNION ALL
 SELECT r.id, 'busy'
 FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS r(id, token)
-WHERE NOT (r.id = ANY(ARRAY(SELECT id FROM mine)))
+WHERE NOT (r.id = ANY(ARRAY(SELECT id FROM free)))
   AND EXISTS (SELECT 1 FROM dbqueue_job AS v
               WHERE v.id = r.id AND v.lease_token = r.token AND v.state::text = 'running')
-"""
+""".replace("{FREE}", dependents_free("m.ending"))
 
 
 def hand_back(using, held):
@@ -144,15 +146,17 @@ def release_ending(using, held):
 # under this worker that it never heard of (they would sit out their lease and spend an attempt
 # that never ran). Hand back every job this worker holds except those it knows. Served by the
 # partial index on running jobs. A job whose cancel was asked for ends cancelled instead.
-# SKIP LOCKED like RELEASE_JOBS: a row a caller's transaction holds comes back not released
-# (false), for the worker to try again later instead of waiting on its only connection.
+# SKIP LOCKED like RELEASE_JOBS: a row a caller's transaction holds (or, for a job ending
+# cancelled, a dependent's) comes back not released (false), for the worker to try again later
+# instead of waiting on its only connection.
 RELEASE_UNKNOWN_JOBS = """
 WITH mine AS MATERIALIZED (
-    SELECT id FROM dbqueue_job
+    SELECT id, dependents, cancel_requested_at IS NOT NULL AS ending FROM dbqueue_job
     WHERE state::text = 'running' AND worker_id::text = %(worker)s::text
       AND NOT (lease_token = ANY(%(known)s::bigint[]))
     FOR NO KEY UPDATE SKIP LOCKED
 ),
+{FREE},
 released AS (
     UPDATE dbqueue_job
     SET state = CASE WHEN cancel_requested_at IS NULL THEN 'pending' ELSE 'cancelled' END,
@@ -160,7 +164,7 @@ released AS (
                         ELSE attempts END,
         finished_at = CASE WHEN cancel_requested_at IS NULL THEN NULL ELSE now() END,
         leased_until = NULL, worker_id = NULL, lease_token = NULL
-    WHERE id = ANY(ARRAY(SELECT id FROM mine))
+    WHERE id = ANY(ARRAY(SELECT id FROM free))
     RETURNING id
 )
 SELECT id, true FROM released
@@ -168,8 +172,8 @@ UNION ALL
 SELECT id, false FROM dbqueue_job
 WHERE state::text = 'running' AND worker_id::text = %(worker)s::text
   AND NOT (lease_token = ANY(%(known)s::bigint[]))
-  AND NOT (id = ANY(ARRAY(SELECT id FROM mine)))
-"""
+  AND NOT (id = ANY(ARRAY(SELECT id FROM free)))
+""".replace("{FREE}", dependents_free("m.ending"))
 
 
 def hand_back_unknown(using, *, worker, known):
@@ -202,9 +206,14 @@ def release_unknown(using, *, worker, known):
 # of its runs and unwritten outcomes; a run whose outcome it gave up writing). %(worker)s is NULL
 # for a sweeper outside a worker, and while a worker recovers from a lost connection (it does
 # not know yet what a lost claim took: it hands those back itself, unspent).
+# A job going dead or cancelled whose workflow dependent another transaction holds is left
+# for a later sweep (DEPENDENTS_FREE): its trigger would wait for that row, and the session's
+# lock_timeout would fail the whole sweep, every other expired lease with it.
 RESCUE_EXPIRED = """
-WITH expired AS MATERIALIZED (
-    SELECT j.id FROM dbqueue_job AS j
+WITH mine AS MATERIALIZED (
+    SELECT j.id, j.dependents,
+           j.cancel_requested_at IS NOT NULL OR j.attempts >= j.max_attempts AS ending
+    FROM dbqueue_job AS j
     WHERE j.state::text = 'running' AND j.leased_until < now()
       AND ((j.worker_id::text = %(worker)s::text
             AND NOT (j.lease_token = ANY(%(known)s::bigint[])))
@@ -213,7 +222,8 @@ WITH expired AS MATERIALIZED (
     ORDER BY j.leased_until
     LIMIT %(limit)s
     FOR UPDATE OF j SKIP LOCKED
-)
+),
+{FREE}
 UPDATE dbqueue_job AS j
 SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                  WHEN j.attempts >= j.max_attempts THEN 'dead' ELSE 'pending' END,
@@ -238,13 +248,13 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
         'traceback', '',
         'worker', j.worker_id,
         'at', now()))
-FROM expired
+FROM free AS expired
 WHERE j.id = expired.id
 RETURNING j.id, j.type, j.attempts, j.state, j.worker_id, j.queue, j.cancelled_by,
           CASE WHEN j.type::text = 'django.tasks'
                     AND jsonb_typeof(j.payload -> 'task'::text) = 'string'
                THEN j.payload ->> 'task'::text END
-"""
+""".replace("{FREE}", dependents_free("m.ending"))
 
 
 def rescue_expired(using, *, limit, base, factor, cap, worker=None, known=()):

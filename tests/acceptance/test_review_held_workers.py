@@ -48,13 +48,6 @@ def committed_at_the_end(caller):
         caller.commit()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 1: completions that ride on a claim (claiming.claim's pipeline) fail with "
-    "it at lock_timeout when one of them must count down a workflow dependent a caller holds; "
-    "they are restored and sent with the next claim, which a backlog makes due at every pass: "
-    "the worker claims nothing and writes no completion until the caller ends",
-)
 def test_a_held_workflow_dependent_does_not_stop_the_workers_claims_and_completions(
     start_worker, tmp_path
 ):
@@ -93,13 +86,6 @@ def test_a_held_workflow_dependent_does_not_stop_the_workers_claims_and_completi
     worker.assert_alive()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2: the put-off completions of a fan-in whose join a caller holds each wait "
-    "lock_timeout on the worker's only connection at every retry (acks.Acknowledger._write_done "
-    "narrows one job at a time); the heartbeat and the registry row go unrenewed past the "
-    "lease, and another worker runs the worker's other jobs again",
-)
 def test_a_held_join_of_a_fan_in_does_not_cost_the_other_jobs_their_leases(start_worker, tmp_path):
     """The scene of tests/acceptance/test_caller_locks.py, with a fan-in workflow: 40 short jobs
     (queue emails, which only worker1 serves) and a join that depends on all of them, whose row
@@ -154,12 +140,6 @@ def test_a_held_join_of_a_fan_in_does_not_cost_the_other_jobs_their_leases(start
 RESTART_SETTINGS = "tests.acceptance.settings_review_restart"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 3: a restart in place leaves the worker registry before its exec "
-    "(shutdown.shut_down withdraws), so until the new image announces itself any sweeper "
-    "takes back a job whose outcome the old image handed over, and the job runs again",
-)
 def test_a_restart_in_place_keeps_the_outcome_it_hands_over(start_worker, tmp_path, monkeypatch):
     """A job finished on a worker while a caller's transaction held its row: its success was
     put off (as designed) and, the worker giving up meanwhile (three keyed runs hang past their
@@ -207,12 +187,6 @@ def test_a_restart_in_place_keeps_the_outcome_it_hands_over(start_worker, tmp_pa
     assert len(effects([target])) == 1, effects([target])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 5: a caller holding one limiter row (dbqueue_limiter) fails every limited "
-    "claim at lock_timeout (dbqueue_claim_within_limits locks the rows of all the worker's "
-    "limited queues first): the worker claims nothing, from its unlimited queues neither",
-)
 def test_a_held_limiter_row_does_not_stop_the_claims_of_other_queues(start_worker):
     """A worker serves a queue with a fleet-wide concurrency limit ("limited") and the plain
     "default" queue. A caller's transaction holds the limited queue's limiter row (a

@@ -93,12 +93,6 @@ def expire(job_id, seconds_ago):
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 4: one expired job whose waiting dependent a caller holds fails the whole "
-    "RESCUE_EXPIRED batch at lock_timeout (store/leases.py), so no sweeper takes back any "
-    "expired lease while the caller holds the row",
-)
 def test_a_held_dependent_does_not_stop_the_sweeper_taking_back_other_expired_leases(session, held):
     """A worker killed mid-job (gone from the registry) held two jobs: a workflow job on its
     last attempt, whose dependent a caller's transaction holds (a ``select_for_update()``, a
@@ -129,12 +123,6 @@ def test_a_held_dependent_does_not_stop_the_sweeper_taking_back_other_expired_le
     caller.commit()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding 2: a batch of completions whose workflow dependent a caller holds waits "
-    "lock_timeout once for the batch and once more per job at every retry "
-    "(acks.Acknowledger._write_done narrowing), holding the worker's only connection",
-)
 def test_a_held_join_costs_the_worker_one_lock_wait_per_flush_not_one_per_job(session, held):
     """A fan-in workflow: 12 jobs and a join that depends on all of them. The worker ran the 12;
     a caller's transaction holds the join's row. Each completion must count the join down, so

@@ -156,12 +156,14 @@ class Command(BaseCommand):
             worker = Worker(**worker_kwargs, worker_id=restart.worker_id(), out=out)
             worker.install_signal_handlers()
             restart.resume(worker, out)
+            finite = options["burst"] or options["max_jobs"]
+            # Giving up, it stays in the worker registry as "restarting" (shutdown.py).
+            worker.restarts_in_place = options["on_give_up"] == "restart" and not finite
             code = worker.run()
             self.stdout.write(
                 f"dbqueue stopped: {worker.acks.succeeded} succeeded, {worker.acks.failed} retried, "
                 f"{worker.acks.dead} dead"
             )
-            finite = options["burst"] or options["max_jobs"]
             if code == EXIT_GAVE_UP and options["on_give_up"] == "restart" and not finite:
                 restart.in_place(worker, out)  # returns only if a stop was asked for meanwhile
                 code = 0
