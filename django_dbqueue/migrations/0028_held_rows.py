@@ -7,6 +7,10 @@
 # worker's lock_timeout then failed the whole claim, at every poll: the worker claimed nothing,
 # from its unlimited queues neither, for as long as that transaction lasted.
 #
+# A limiter's advisory lock is waited for at most 200 ms (a claim holds it for an instant; any
+# role that can connect may take an advisory lock of any key, and one held longer is not a
+# claim's): past that the claim goes on without it, and the row lock decides.
+#
 # Now the rows are locked with SKIP LOCKED, after the advisory locks as before. Every claim
 # takes a limiter's advisory lock (waited for: claims queue behind each other there, for an
 # instant, as before) before its row and holds both until it commits, so a row still locked once
@@ -44,6 +48,31 @@ _CHANGES = (
     taken text[];  -- the limiter rows this claim locked, as scope || chr(31) || name
     held_queues text[] := '{}';  -- limited queues whose row another transaction holds
     held_types text[] := '{}';  -- limited types whose row another transaction holds
+    lk bigint;  -- a limiter's advisory lock key
+    saved_timeout text;  -- the session's lock_timeout, while a limiter's lock is waited for
+""",
+    ),
+    (
+        """        FOR k IN 1..cardinality(lock_scope) LOOP
+            PERFORM pg_advisory_xact_lock(
+                {schema}.dbqueue_limiter_lock(lock_scope[k]::text, lock_name[k]::text, ''::text));
+        END LOOP;
+""",
+        """        FOR k IN 1..cardinality(lock_scope) LOOP
+            lk := {schema}.dbqueue_limiter_lock(lock_scope[k]::text, lock_name[k]::text, ''::text);
+            CONTINUE WHEN pg_catalog.pg_try_advisory_xact_lock(lk);
+            -- Another claim holds it for an instant: wait, but boundedly. Any role that can
+            -- connect may take an advisory lock of any key; one held past 200 ms is not a
+            -- claim's, and the row lock below (SKIP LOCKED) decides without it.
+            saved_timeout := pg_catalog.current_setting('lock_timeout');
+            BEGIN
+                PERFORM pg_catalog.set_config('lock_timeout', '200ms', true);
+                PERFORM pg_catalog.pg_advisory_xact_lock(lk);
+            EXCEPTION WHEN lock_not_available THEN
+                NULL;
+            END;
+            PERFORM pg_catalog.set_config('lock_timeout', saved_timeout, true);
+        END LOOP;
 """,
     ),
     (

@@ -599,7 +599,7 @@ def shared_schema(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_dbqueue", "0027_bounded_rows"),
+        ("django_dbqueue", "0028_held_rows"),
     ]
 
     operations = [

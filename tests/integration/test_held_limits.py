@@ -184,3 +184,37 @@ def test_a_release_ending_cancelled_whose_dependent_is_held_comes_back_busy(sess
     caller.end()
     assert store.hand_back(session, [(parent_id, token)]) == ({parent_id: "cancelled"}, set())
     assert job_row(dependent_id)["state"] == "cancelled"
+
+
+HOLD_ADVISORY = (
+    "SELECT pg_advisory_lock(hashtextextended('dbqueue limiter' || chr(31) || %s || chr(31)"
+    " || %s || chr(31) || '', 0))"
+)
+
+
+def test_a_limiters_advisory_lock_held_elsewhere_costs_a_bounded_wait_and_keeps_the_limit(
+    session, callers
+):
+    """Any role that can connect may take the advisory lock of a limiter's key and keep it (a
+    session lock, not a transaction's). The claim waits for it at most 200 ms, then counts the
+    limit under the limiter's row lock alone: the queue is claimed within its limit of 1, a
+    second claim while the first job runs gets nothing of it, and the other queue is claimed
+    every time. Before migration 0028 the claim waited for the lock until lock_timeout failed it
+    whole, at every poll."""
+    Limiter.objects.get_or_create(scope="queue", name="default", part="")
+    limited = [enqueue("record", {"n": n}).id for n in range(3)]
+    plain = [enqueue("email", {"n": n}).id for n in range(2)]
+    flow = flow_params([1, None])
+    holder = psycopg.connect(**connection_params("default"), autocommit=True)
+    try:
+        holder.execute(HOLD_ADVISORY, ["queue", "default"])
+
+        rows = claim(session, flow)
+        assert session.lock_waits == 0
+        assert sorted(row.id for row in rows) == sorted([limited[0], *plain])
+
+        rows = claim(session, flow)  # the first limited job still runs: no room
+        assert list(rows) == []
+        assert {job_row(i)["state"] for i in limited[1:]} == {"pending"}
+    finally:
+        holder.close()
