@@ -100,6 +100,17 @@ class Heartbeat:
             )
         return len(kept), len(lost)
 
+    def check_cancels(self, db, ids):
+        """Of the held jobs ``ids`` (a cancel notification named them: only a hint, which
+        anyone who can connect may send), cancel those whose rows say their cancel was asked
+        for (``cancel_requested_at``), in one read. Returns how many jobs were affected."""
+        worker = self.worker
+        keys = sorted(entry.key for entry in worker.inflight.held() if entry.ctx.id in ids)
+        if not keys:
+            return 0
+        cancelling = store.cancels_requested(db, keys)
+        return worker.cancel_requested(cancelling) if cancelling else 0
+
     def check_timeouts(self):
         """Give up the runs past their type's timeout; returns how many."""
         worker = self.worker
