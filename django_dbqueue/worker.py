@@ -111,10 +111,6 @@ class Worker:
         self.claims = 0  # claim statements run (the fleet benchmark counts claims per job)
         self.empty_claims = 0
         self.inflight = Inflight()
-        # Jobs a cancel notification named that this worker holds: a hint, which the loop
-        # checks against the database (heartbeat.check_cancels) on its next pass.
-        self._cancel_hints = set()
-        self._hints_lock = threading.Lock()
         self.waker = waker  # a supervisor's wake-up pipe, instead of a listener of our own
         self.report_free = report_free  # tells that supervisor how many jobs we could take
         self.listener = None
@@ -239,39 +235,14 @@ class Worker:
             self.acks.cancel(entry)
         return len(running) + len(withdrawn)
 
-    def cancel_hinted(self, ids, *, wake=True):
-        """A notification says the cancel of jobs ``ids`` was asked for (any thread). Only a
-        hint: NOTIFY needs no privilege, so anyone who can connect may send one. Of those ids,
-        the jobs this worker holds are checked against the database (their rows'
-        ``cancel_requested_at``) by the loop, on its own connection, on its next pass (woken
-        now); only those whose cancel was asked for are cancelled (:meth:`cancel_requested`).
-        Ids this worker does not hold are ignored at once."""
-        wanted = set(ids)
-        held = {entry.ctx.id for entry in self.inflight.held()} & wanted
-        if not held:
-            return
-        with self._hints_lock:
-            self._cancel_hints |= held
-        if wake:
-            self._wakeup.set()
-
-    def _check_cancel_hints(self):
-        """On the loop's thread: ask the database about the jobs that cancel notifications
-        named (:meth:`cancel_hinted`), and cancel those whose cancel was asked for. One that a
-        lost connection keeps from being checked here is told by the next heartbeat."""
-        with self._hints_lock:
-            ids, self._cancel_hints = self._cancel_hints, set()
-        if ids:
-            self.heartbeat.check_cancels(self.session, ids)
-
     def _on_notify(self, payload, *, wake=True):
         """A notification (``None``: a wake-up that names no queue). ``wake=False``: called by
         the loop itself right before it looks whether a claim is due, so the claim this asks
-        for runs on that same pass; the loop is not woken again for it. A payload that is
-        malformed is no information (at most a wake-up for a queue not served): it never
-        raises."""
+        for runs on that same pass; the loop is not woken again for it. Never raises."""
         if payload is not None and (ids := parse_cancel(payload)) is not None:
-            self.cancel_hinted(ids, wake=wake)
+            # A hint only (NOTIFY needs no privilege): the loop asks the database (heartbeat)
+            if self.heartbeat.hint_cancels(ids) and wake:
+                self._wakeup.set()
             return
         if self.stopping.is_set():
             return  # no more claims: a wake-up only matters to a cancel, handled above
@@ -359,7 +330,7 @@ class Worker:
         notifies = self.session.notifies
         while notifies:
             self._on_notify(notifies.popleft(), wake=wake)
-        self._check_cancel_hints()  # those heard here, and those a listener thread heard
+        self.heartbeat.check_hinted(self.session)  # heard here, or by a listener thread
 
     def run(self):
         """Run until stopped; returns the process exit code (0 after a graceful stop)."""
