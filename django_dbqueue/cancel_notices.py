@@ -27,16 +27,27 @@ def cancel_payloads(ids):
     ]
 
 
+MAX_ID = 2**63 - 1  # a job id is a bigint
+MAX_ID_DIGITS = len(str(MAX_ID))
+
+
+def _job_id(part):
+    """The job id ``part`` spells (ASCII digits, 1 to 2**63-1), or None."""
+    if not (0 < len(part) <= MAX_ID_DIGITS and part.isascii() and part.isdigit()):
+        return None  # the length bounds what int() is given (it refuses > 4300 digits)
+    value = int(part)
+    return value if 0 < value <= MAX_ID else None
+
+
 def parse_cancel(payload):
     """The job ids of a ``"cancel:<id>,<id>"`` payload, or ``None`` for any other payload.
-    Parts that are not ids are skipped: a bad notification must not stop a listener."""
-    if not payload.startswith(CANCEL_PREFIX):
+    Parts that are not ids are skipped: a bad notification must not stop a listener, and never
+    raises. The ids are a hint only: anyone who can connect may send one (NOTIFY needs no
+    privilege), and the worker asks the database whether their cancel was asked for."""
+    if not isinstance(payload, str) or not payload.startswith(CANCEL_PREFIX):
         return None
-    return [
-        int(part)
-        for part in payload[len(CANCEL_PREFIX) :].split(",")
-        if part.isascii() and part.isdigit()
-    ]
+    ids = (_job_id(part) for part in payload[len(CANCEL_PREFIX) :].split(","))
+    return [job_id for job_id in ids if job_id is not None]
 
 
 def jobs_cancelled(using, ids):

@@ -16,6 +16,7 @@ until its run has ended, and its failure is written then (``Worker.finished``).
 """
 
 import logging
+import threading
 import time
 
 from . import registry, store
@@ -44,6 +45,8 @@ class Heartbeat:
         self.worker = worker
         self.lost = 0
         self.busy = 0  # held jobs whose rows another transaction held at the last beat
+        self._hinted = set()  # held jobs a cancel notification named (hint_cancels)
+        self._hints_lock = threading.Lock()
 
     def beat_once(self, db):
         """Extend the leases; returns ``(kept, lost)`` counts."""
@@ -99,6 +102,31 @@ class Heartbeat:
                 else "it will not be started here",
             )
         return len(kept), len(lost)
+
+    def hint_cancels(self, ids):
+        """A cancel notification names the jobs ``ids`` (any thread). Only a hint: NOTIFY
+        needs no privilege, so anyone who can connect may send one. The ids of jobs this worker
+        holds are kept for :meth:`check_hinted`, which the loop runs on its next pass; the
+        others are ignored. True when any was kept (the loop is to be woken)."""
+        held = {entry.ctx.id for entry in self.worker.inflight.held()} & set(ids)
+        if held:
+            with self._hints_lock:
+                self._hinted |= held
+        return bool(held)
+
+    def check_hinted(self, db):
+        """On the loop's thread: of the held jobs that cancel notifications named, cancel those
+        whose rows say their cancel was asked for (``cancel_requested_at``), in one read on
+        ``db``. Returns how many jobs were affected. Ids a lost connection keeps from being
+        checked here are told by the next beat, as a lost notification is."""
+        with self._hints_lock:
+            ids, self._hinted = self._hinted, set()
+        if not ids:
+            return 0
+        worker = self.worker
+        keys = sorted(entry.key for entry in worker.inflight.held() if entry.ctx.id in ids)
+        cancelling = store.cancels_requested(db, keys) if keys else []
+        return worker.cancel_requested(cancelling) if cancelling else 0
 
     def check_timeouts(self):
         """Give up the runs past their type's timeout; returns how many."""

@@ -23,18 +23,27 @@ import time
 
 import psycopg
 
-from .cancel_notices import CANCEL_PREFIX
+from .cancel_notices import cancel_payloads, parse_cancel
 from .connections import connect, connection_params
 
 logger = logging.getLogger("django_dbqueue.notifications")
 
 
+MAX_DIGITS = 18  # a count or a slot longer than this is no real one (and int() refuses a str
+#                  of more than 4300 digits: a NOTIFY payload holds 8000 bytes)
+
+
 def _number(text):
-    return text.isascii() and text.isdigit()  # isdigit() alone takes "²", which int() refuses
+    # isdigit() alone takes "²", which int() refuses; the length bounds what int() is given.
+    return 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
 
 
 def _parts(payload):
-    """``(queue, count, named)`` of a wake-up's payload, or None for a bare queue name."""
+    """``(queue, count, named)`` of a wake-up's payload, or None for a bare queue name (and for
+    anything malformed: a payload is a hint that anyone who can connect may send, and reading it
+    never raises)."""
+    if not isinstance(payload, str):
+        return None
     head, sep, queue = payload.partition(":")
     if not sep:
         return None
@@ -264,7 +273,7 @@ class Listener(threading.Thread):
                     pgconn.consume_input()  # raises OperationalError when the server is gone
                     last_traffic = time.monotonic()
                     while (notify := pgconn.notifies()) is not None:
-                        self.on_notify(notify.extra.decode())
+                        self.on_notify(notify.extra.decode("utf-8", "replace"))
                 elif time.monotonic() - last_traffic > self.IDLE_CHECK:
                     conn.execute("SELECT 1")  # a dead peer shows up here as an error
                     last_traffic = time.monotonic()
@@ -353,10 +362,14 @@ class GroupWaker:
         if payload is None:
             self._wake(list(self.pipes))
             return
-        if payload.startswith(CANCEL_PREFIX):
+        if (ids := parse_cancel(payload)) is not None:
             # Which worker holds the job is not known here: every worker of the group hears
-            # it, and those that do not hold the job ignore it (a dict lookup each).
-            self._wake(list(self.pipes), CANCEL_START + payload.encode() + CANCEL_END)
+            # it, and those that do not hold the job ignore it (a dict lookup each); one that
+            # does asks the database whether the cancel was asked for (Worker._on_notify).
+            # Forwarded re-written from the ids read, in payloads of CANCEL_CHUNK ids: each
+            # shorter than PIPE_BUF, so written whole or not at all, whatever was sent.
+            for message in cancel_payloads(ids):
+                self._wake(list(self.pipes), CANCEL_START + message.encode() + CANCEL_END)
             return
         queue, count = parse_wakeup(payload)
         if queue not in self.queues:

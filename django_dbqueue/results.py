@@ -159,7 +159,7 @@ def _take_notifies(conn, job_id):
     pgconn.consume_input()
     named = False
     while (notify := pgconn.notifies()) is not None:
-        named = named or _names(notify.extra.decode(), job_id)
+        named = named or _names(notify.extra.decode("utf-8", "replace"), job_id)
     heard = conn.dbqueue_heard
     while heard:
         named = _names(heard.popleft(), job_id) or named

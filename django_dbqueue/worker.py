@@ -238,9 +238,11 @@ class Worker:
     def _on_notify(self, payload, *, wake=True):
         """A notification (``None``: a wake-up that names no queue). ``wake=False``: called by
         the loop itself right before it looks whether a claim is due, so the claim this asks
-        for runs on that same pass; the loop is not woken again for it."""
+        for runs on that same pass; the loop is not woken again for it. Never raises."""
         if payload is not None and (ids := parse_cancel(payload)) is not None:
-            self.cancel_requested(ids)
+            # A hint only (NOTIFY needs no privilege): the loop asks the database (heartbeat)
+            if self.heartbeat.hint_cancels(ids) and wake:
+                self._wakeup.set()
             return
         if self.stopping.is_set():
             return  # no more claims: a wake-up only matters to a cancel, handled above
@@ -328,6 +330,7 @@ class Worker:
         notifies = self.session.notifies
         while notifies:
             self._on_notify(notifies.popleft(), wake=wake)
+        self.heartbeat.check_hinted(self.session)  # heard here, or by a listener thread
 
     def run(self):
         """Run until stopped; returns the process exit code (0 after a graceful stop)."""

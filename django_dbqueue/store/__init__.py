@@ -63,6 +63,7 @@ from .jobs import (
     unique_holder,
 )
 from .leases import (
+    cancels_requested,
     extend_leases,
     hand_back,
     hand_back_unknown,
@@ -131,6 +132,7 @@ __all__ = [
     "apply_at_commit",
     "begin_delivery",
     "cancel",
+    "cancels_requested",
     "claim",
     "claim_more_statement",
     "claim_statement",

@@ -77,6 +77,27 @@ def extend_leases(using, held, *, async_commit=False, by_token=False):
     return {job_id: cancelling for (job_id, _token), cancelling in kept.items()}
 
 
+# The check of a cancel notification, which is only a hint (NOTIFY needs no privilege): of the
+# jobs held under these leases, those whose cancel was asked for. A plain read: it waits for no
+# row lock and writes nothing.
+CANCELS_REQUESTED = """
+SELECT j.id
+FROM ROWS FROM (pg_catalog.unnest(%(ids)s::bigint[]), pg_catalog.unnest(%(tokens)s::bigint[])) AS h(id, token)
+JOIN dbqueue_job AS j ON j.id = h.id AND j.lease_token = h.token
+WHERE j.state::text = 'running' AND j.cancel_requested_at IS NOT NULL
+ORDER BY j.id
+"""
+
+
+def cancels_requested(using, held):
+    """Of the jobs held under ``[(id, token), ...]``, the ids whose cancel was asked for."""
+    if not held:
+        return []
+    ids, tokens = zip(*held, strict=True)
+    params = {"ids": int_array(ids), "tokens": int_array(tokens)}
+    return [row[0] for row in _execute(using, CANCELS_REQUESTED, params)]
+
+
 def release(using, held):
     """Return ``[(id, token), ...]`` to pending without spending the attempt; returns the ids.
 

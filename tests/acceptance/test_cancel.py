@@ -141,3 +141,48 @@ def test_a_worker_killed_holding_a_marked_job_leaves_it_to_the_sweeper(start_wor
     assert effect_count([job_id]) == 1  # never run again
     sweeper.wait_for_output(f"swept job={job_id} type=ignores-cancel attempt=1 to cancelled")
     sweeper.assert_alive()
+
+
+def _notify(payload):
+    """A bare NOTIFY on the workers' channel, as any role that can connect may send one."""
+    from django.db import connection
+    from psycopg import sql as pgsql
+
+    from django_dbqueue.conf import get_settings
+
+    channel = pgsql.Identifier(get_settings().NOTIFY_CHANNEL).as_string(connection.connection)
+    with connection.cursor() as cursor:
+        cursor.execute(f"NOTIFY {channel}, '{payload}'")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [("--processes", "2", "--concurrency", "1"), ("--execution", "process")],
+    ids=["processes", "process-execution"],
+)
+def test_a_cancel_notification_nobody_asked_for_and_a_hostile_one_do_nothing(
+    start_worker, settings, options
+):
+    # Issue 35: a "cancel:<id>" notification is only a hint, which the database must confirm;
+    # a malformed payload stops neither a group's listener nor a worker.
+    settings.DBQUEUE = CANCEL_DBQUEUE
+    group = start_worker(*options, settings=NOTIFIED)
+    wait_for_listeners(1)
+    job_id = enqueue("ignores-cancel", {"seconds": 2}).id
+    wait_started([job_id], timeout=40)
+    _notify(f"cancel:{job_id}")
+    _notify("9" * 5000 + ":default")
+    _notify("cancel:" + "9" * 5000 + f",{job_id}")
+    wait_until(
+        lambda: job_row(job_id)["state"] not in ("pending", "running"),
+        timeout=20,
+        message="the job to end",
+    )
+    row = job_row(job_id)
+    assert (row["state"], row["result"]) == ("done", {"ran_to_the_end": True, "saw_cancel": False})
+    group.assert_alive()
+    # A real cancel still goes through, by notification.
+    other = enqueue("cooperative").id
+    wait_started([other], timeout=40)
+    assert cancel_and_time([other], f"{options[0]}, after hostile notifications") < BOUND
+    group.assert_alive()

@@ -77,11 +77,6 @@ def nobody():
 # other producers' running jobs: a cooperative handler raises JobCancelled, an async one's task
 # is cancelled, a process-mode child is signalled, and a claimed job not yet started is withdrawn
 # and written cancelled.
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding A: the worker cancels a job on a bare NOTIFY 'cancel:<id>' that any role "
-    "can send, without checking the job's cancel_requested_at",
-)
 def test_a_role_with_no_grant_cannot_cancel_a_running_job_by_notify(start_worker, nobody):
     start_worker(concurrency=2)
     job = enqueue("cooperative", {"seconds": 1.5})
@@ -149,11 +144,6 @@ def test_a_schedule_entrys_pages_answer_around_a_payload_python_cannot_read(staf
 # is raised out of Worker.run() itself, from _take_notifies -> _on_notify -> parse_wakeup, and
 # the worker's thread dies with a traceback; a --processes group listener crashes and gives up.)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding C: a wake-up payload with a count of more than 4300 digits crashes the "
-    "worker (its loop raises ValueError; a group listener crashes)",
-)
 def test_a_role_with_no_grant_cannot_stop_a_worker_by_notify(start_worker, nobody):
     worker = start_worker()
     wait_until(
