@@ -13,7 +13,8 @@
 # - dbqueue_depth.minute and dbqueue_finished.minute (the dashboard's rollup): the dashboard
 #   failed;
 # - dbqueue_delivery.created_at and updated_at: the deliveries' list and page failed;
-# - dbqueue_signal.created_at and dbqueue_step.finished_at: a job's page, which lists them.
+# - dbqueue_signal.created_at and dbqueue_step.finished_at (a job's page and jobqueue_status
+#   --job read a step's time around such a value; now no reader has to).
 #
 # As in 0027 the constraints are added VALID, in one ALTER TABLE per table, after the rows that
 # break them are repaired (NOT VALID would have failed the next UPDATE of an old bad row: the
