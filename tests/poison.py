@@ -60,20 +60,25 @@ POISON = {
 }
 
 
-BOUNDS = importlib.import_module("django_dbqueue.migrations.0027_bounded_rows")
+BOUNDS = [
+    importlib.import_module("django_dbqueue.migrations.0027_bounded_rows"),
+    importlib.import_module("django_dbqueue.migrations.0030_bounded_side_tables"),
+]
 
 
 @contextlib.contextmanager
 def unbounded():
-    """Migration 0027's CHECKs dropped for the block, as by an owner of the table who dropped
-    them: the timestamps above can be written then, and the worker and the admin must still
-    cope with them. On the way out the rows are repaired as the migration repairs them and the
-    constraints added again."""
+    """Migrations 0027's and 0030's CHECKs dropped for the block, as by an owner of the tables
+    who dropped them: the timestamps above can be written then, and the worker and the admin
+    must still cope with them. On the way out the rows are repaired as the migrations repair
+    them and the constraints added again."""
     with connection.cursor() as cursor:
-        cursor.execute(BOUNDS.DROP_CONSTRAINTS)
+        for bounds in BOUNDS:
+            cursor.execute(bounds.DROP_CONSTRAINTS)
     try:
         yield
     finally:
         with connection.cursor() as cursor:
-            BOUNDS.repair_rows(cursor)
-            cursor.execute(BOUNDS.ADD_CONSTRAINTS)
+            for bounds in BOUNDS:
+                bounds.repair_rows(cursor)
+                cursor.execute(bounds.ADD_CONSTRAINTS)

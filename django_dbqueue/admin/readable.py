@@ -100,7 +100,12 @@ def json_of(obj, column):
 def unreadable_html(obj, column, exc):
     """What a page shows of a JSON value Python cannot read: the reason, and the start of the
     text PostgreSQL holds."""
-    text = json_texts(obj)[column] or ""
+    return unreadable_text_html(json_texts(obj)[column], exc)
+
+
+def unreadable_text_html(text, exc):
+    """:func:`unreadable_html` of a value's ``text`` (jsonb's output), read by the caller."""
+    text = text or ""
     cut = text if len(text) <= RAW_CHARS else text[:RAW_CHARS] + f"... ({len(text):,} characters)"
     return format_html("<p>unreadable: {}</p>{}", exc.reason, pre(cut))
 

@@ -11,11 +11,15 @@ import threading
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.db.models import TextField
+from django.db.models.functions import Cast
 from django.utils.html import format_html, format_html_join
 
-from .. import registry, schedule_entries, scheduler
+from .. import decoding, registry, schedule_entries, scheduler
 from ..conf import get_settings
+from ..exceptions import UnreadableJob
 from ..models import ScheduleEntry
+from . import readable
 
 _shown = threading.local()  # the status rows computed once per changelist request
 
@@ -37,6 +41,12 @@ _NEUTRAL = {
     "catch_up_window": lambda: {"catch_up_window": None},
     "misfire_grace": lambda: {"misfire_grace": 60.0},
 }
+
+
+def _unreadable(obj):
+    """``(text, UnreadableJob)`` of an entry read by get_object whose payload Python cannot
+    read back, else None."""
+    return getattr(obj, "_dbqueue_unreadable_payload", None)
 
 
 class DatalistInput(forms.TextInput):
@@ -120,17 +130,54 @@ class ScheduleEntryAdmin(admin.ModelAdmin):
     )
 
     def get_fieldsets(self, request, obj=None):
-        return self.fieldsets if obj is not None else self.fieldsets[:-1]
+        if obj is None:
+            return self.fieldsets[:-1]
+        if _unreadable(obj) is None:
+            return self.fieldsets
+        # Shown read-only (has_change_permission), the payload as its text.
+        (name, options), *rest = self.fieldsets
+        fields = tuple("payload_unreadable" if f == "payload" else f for f in options["fields"])
+        return ((name, {**options, "fields": fields}), *rest)
 
     def get_queryset(self, request):
-        # The list shows no payload: not loading it, one that Python cannot read back (a row
-        # written by hand) cannot fail the page; its entry shows why it is ignored
-        # (scheduler.status).
-        queryset = super().get_queryset(request)
-        match = request.resolver_match
-        if match is not None and match.url_name.endswith("_changelist"):
-            queryset = queryset.defer("payload")
-        return queryset
+        # No page loads the payload through the ORM, whose JSON decode of one that Python cannot
+        # read back (a row written by hand: nested too deep, a 5000-digit number) raised out of
+        # the page (RecursionError: a 500) or out of get_object (ValueError: "doesn't exist").
+        # The list shows none (its entry shows why the scheduler ignores it: scheduler.status);
+        # an entry's pages read it as text (get_object), as a job's page does (readable.py).
+        return super().get_queryset(request).defer("payload")
+
+    def get_object(self, request, object_id, from_field=None):
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            text = (
+                type(obj)
+                ._base_manager.using(obj._state.db)
+                .filter(pk=obj.pk)
+                .values_list(Cast("payload", TextField()), flat=True)
+                .first()
+            )
+            try:
+                obj.payload = decoding.json_value(text, "payload")
+            except UnreadableJob as exc:
+                obj._dbqueue_unreadable_payload = (text, exc)
+        return obj
+
+    def has_change_permission(self, request, obj=None):
+        # An entry whose payload Python cannot read is shown, not edited: its form would have
+        # no payload to show or to keep. It can be deleted, or stored again with schedule_job().
+        if obj is not None and _unreadable(obj) is not None:
+            return False
+        return super().has_change_permission(request, obj)
+
+    @admin.display(description="payload")
+    def payload_unreadable(self, obj):
+        text, exc = _unreadable(obj)
+        return format_html(
+            "{}<p>The scheduler ignores this entry. Delete it, or store it again with "
+            "schedule_job().</p>",
+            readable.unreadable_text_html(text, exc),
+        )
 
     def changelist_view(self, request, extra_context=None):
         rows = scheduler.status(get_settings().DATABASE)

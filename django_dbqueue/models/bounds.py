@@ -1,5 +1,5 @@
 """The CHECK constraint that keeps a timestamp column within what Python reads back
-(validation.TIMESTAMP_MIN..MAX, what every door accepts; NULL passes): migration 0027, issue 35.
+(validation.TIMESTAMP_MIN..MAX, what every door accepts; NULL passes): migrations 0027 and 0030, issue 35.
 
 A time PostgreSQL holds and Python does not (year 200000, 4000 BC, ``infinity``), written by
 hand, failed whatever read it (psycopg's typed value of it fails the fetch of a whole reply, and

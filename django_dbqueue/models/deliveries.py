@@ -5,6 +5,7 @@ from django.db.models import Q
 from django.db.models.functions import Now
 
 from ..states import DeliveryState
+from .bounds import time_range
 from .jobs import BackgroundJob
 
 
@@ -44,6 +45,7 @@ class JobDelivery(models.Model):
             models.CheckConstraint(
                 condition=Q(state__in=DeliveryState.values), name="dbqueue_delivery_state_valid"
             ),
+            *(time_range("dbqueue_delivery", c) for c in ("created_at", "updated_at")),  # bounds.py
         ]
         indexes = [
             models.Index(

@@ -52,6 +52,9 @@ class Limiter(models.Model):
             models.CheckConstraint(
                 condition=Q(scope__in=["queue", "type"]), name="dbqueue_limiter_scope_valid"
             ),
+            time_range("dbqueue_limiter", "updated_at"),  # bounds.py
+            # And dbqueue_limiter_starts_range, every start within the same bounds: the
+            # database's alone (migration 0030), a Q cannot say "every element".
         ]
 
     def __str__(self):

@@ -2,6 +2,8 @@
 
 from django.db import models
 
+from .bounds import time_range
+
 # The dashboard's rollup (rollup.py, docs/observability.md#the-dashboard). Written once a minute
 # by whichever worker gets there first; read by the admin's queue dashboard; pruned after
 # rollup.KEEP. Neither table is read by the claim, the sweeper or anything on a job's path.
@@ -23,6 +25,7 @@ class DepthSample(models.Model):
         constraints = [
             # One sample per queue and minute, however many workers try: the first one wins.
             models.UniqueConstraint(fields=["minute", "queue"], name="dbqueue_depth_minute_uniq"),
+            time_range("dbqueue_depth", "minute"),  # bounds.py
         ]
 
     def __str__(self):
@@ -50,6 +53,7 @@ class FinishedMinute(models.Model):
             models.UniqueConstraint(
                 fields=["minute", "queue", "type"], name="dbqueue_finished_minute_uniq"
             ),
+            time_range("dbqueue_finished", "minute"),  # bounds.py
         ]
 
     def __str__(self):

@@ -3,6 +3,7 @@
 from django.db import models
 from django.db.models.functions import Now
 
+from .bounds import time_range
 from .jobs import BackgroundJob
 
 
@@ -39,6 +40,7 @@ class JobStep(models.Model):
             models.CheckConstraint(
                 condition=models.Q(occurrence__gte=1), name="dbqueue_step_occurrence_valid"
             ),
+            time_range("dbqueue_step", "finished_at"),  # bounds.py
         ]
 
     def __str__(self):
@@ -71,6 +73,7 @@ class JobSignal(models.Model):
         ordering = ["job", "id"]
         constraints = [
             models.UniqueConstraint(fields=["job", "name", "seq"], name="dbqueue_signal_uniq"),
+            time_range("dbqueue_signal", "created_at"),  # bounds.py
         ]
 
     def __str__(self):

@@ -210,9 +210,10 @@ def prune_rollup(db, *, age, limit):
 # The dashboard's clock: the database's now(), the window's first minute, and the minute up to
 # which the rollup has counted finished jobs (the last depth sample's minute; the window's start
 # when there is none, so that the dashboard then counts everything from the job table itself).
+# A sample's minute in the future (written by hand) is no minute the rollup counted up to.
 DASHBOARD_CLOCK = """
 SELECT now(), s.since, GREATEST(s.since, (SELECT max(minute) FROM dbqueue_depth
-                                          WHERE minute >= s.since))
+                                          WHERE minute >= s.since AND minute <= now()))
 FROM (SELECT date_trunc('minute'::text, now()) - %(window)s::float8 * interval '1 second'
                                               + interval '1 minute' AS since) AS s
 """
@@ -293,13 +294,15 @@ def dashboard_waits(using, *, since, split, step, bounds):
     return _execute(using, DASHBOARD_WAITS, params)
 
 
-# Queue depth per bucket: the largest sample of each queue in it.
+# Queue depth per bucket: the largest sample of each queue in it. Up to now(), as the reads
+# above: a sample's minute in the future can only be written by hand (the rollup writes this
+# minute), and one as far as the table allows (9999-12-30) would overflow the bucket's int.
 DASHBOARD_DEPTH = """
 SELECT floor(EXTRACT(EPOCH FROM minute - %(since)s::timestamptz)::float8 / %(step)s::float8)::int
            AS bucket, queue,
        max(due), max(scheduled), max(running)
 FROM dbqueue_depth
-WHERE minute >= %(since)s::timestamptz
+WHERE minute >= %(since)s::timestamptz AND minute <= now()
 GROUP BY 1, 2
 """
 
