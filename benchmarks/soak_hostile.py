@@ -136,8 +136,10 @@ POISONED = """
 SELECT j.id, j.state, j.attempts, j.errors -> -1 ->> 'class', j.errors -> -1 ->> 'message',
        j.cancelled_by,
        (SELECT array_agg(r.id ORDER BY r.id) FROM soak_run AS r
-        WHERE r.job_id = j.id AND r.started_at >= (%s::timestamptz[])[k.n])
-FROM unnest(%s::bigint[]) WITH ORDINALITY AS k(id, n)
+        WHERE r.job_id = j.id AND r.started_at >= k.at),
+       (SELECT count(*) FROM jsonb_array_elements(j.errors) AS e
+        WHERE e ->> 'class' LIKE '%%LeaseExpired' AND (e ->> 'at')::timestamptz >= k.at)
+FROM unnest(%s::timestamptz[], %s::bigint[]) AS k(at, id)
 JOIN dbqueue_job AS j ON j.id = k.id
 """
 
@@ -257,9 +259,12 @@ def door_violations(calls, stored, stats=None):
 
 def poison_violations(poisoned, rows, final=False, stats=None):
     """``poison-*`` from ``poisoned`` ({job: :class:`Poisoned`}) and ``rows`` (:data:`POISONED`:
-    job, state, attempts, last entry's class and message, cancelled_by, runs begun after)."""
+    job, state, attempts, last entry's class and message, cancelled_by, runs begun after, the
+    leases that expired after it). A claim whose worker the soak killed before it read the row
+    is charged by the lease's expiry (the design's count for a worker that dies); those are
+    excused here, and ``attempt-swept`` checks that each such worker was one the soak faulted."""
     out = []
-    for job, state, attempts, cls, message, cancelled_by, runs in rows:
+    for job, state, attempts, cls, message, cancelled_by, runs, expired in rows:
         p = poisoned[job]
         if stats is not None:
             stats.poisoned[state] += 1
@@ -283,7 +288,7 @@ def poison_violations(poisoned, rows, final=False, stats=None):
             why = (
                 f"dead with the last entry {cls}: {message!r}, not UnreadableJob naming the payload"
             )
-        elif attempts > p.attempts + 1:
+        elif attempts > p.attempts + 1 + expired:
             why = f"dead after {attempts} attempts: more than the one claim that found the poison"
         if why:
             out.append((
