@@ -456,13 +456,15 @@ def test_a_wake_up_for_a_busy_worker_is_claimed_when_its_thread_frees(
     wait_until(lambda: worker.waiting.slots is not None, message="the worker waiting")
     slow = enqueue("slow-record", {"until_file": str(flag), "seconds": 30})
     wait_until(lambda: state(slow.id) == "running", timeout=5, message="the slow job running")
-    # The loop may still run the follow-up claim of its full first batch (it finds nothing):
-    # what must not happen is a claim that takes a job, so count the claims that took one.
-    took = worker.claims - worker.empty_claims
+    # The claim's transaction commits before the worker books it: the job reads running
+    # while the count may still say nothing was taken. Wait for the book, then count the
+    # jobs claimed (one attribute, written once per claim; the loop may still run the
+    # follow-up claim of its full first batch, which finds nothing): none may be added.
+    wait_until(lambda: worker.claimed_total == 1, timeout=5, message="the slow job booked")
     job = enqueue("noop")  # nobody holds a slot: names nobody; the worker's thread is busy
     wait_until(lambda: worker._missed, timeout=5, message="the wake-up kept for later")
     assert state(job.id) == "pending", "not claimed into the busy worker's buffer"
-    assert worker.claims - worker.empty_claims == took, "no claim took a job while busy"
+    assert worker.claimed_total == 1, "no claim took a job while busy"
     flag.touch()
     wait_until(lambda: done(job.id), timeout=5, message="claimed once the thread freed")
 
