@@ -60,6 +60,16 @@ class Presence:
     def announce_once(self, db):
         """Insert or refresh this worker's row: one statement."""
         w = self.worker
+        self._write(
+            db,
+            state="stopping" if w.stopping.is_set() else "running",
+            within=0.0,
+            async_commit=w.async_commit,
+        )
+        self.announced += 1
+
+    def _write(self, db, *, state, within, async_commit):
+        w = self.worker
         interval = w.conf.HEARTBEAT_INTERVAL
         store.announce_worker(
             db,
@@ -71,13 +81,12 @@ class Presence:
             concurrency=w.concurrency,
             execution=w.execution,
             group_pid=w.parent_pid,
-            state="stopping" if w.stopping.is_set() else "running",
-            stale=stale_after(interval),
-            expire=expire_after(interval),
+            state=state,
+            stale=within + stale_after(interval),
+            expire=within + expire_after(interval),
             running=len(w.inflight),
-            async_commit=w.async_commit,
+            async_commit=async_commit,
         )
-        self.announced += 1
 
     def restarting(self, db, within):
         """A worker that gives up and restarts in place (restart.py) keeps its row instead of
@@ -91,22 +100,7 @@ class Presence:
         w = self.worker
         interval = w.conf.HEARTBEAT_INTERVAL
         try:
-            store.announce_worker(
-                db,
-                worker=w.worker_id,
-                host=self.host,
-                pid=self.pid,
-                version=package_version(),
-                queues=w.queues,
-                concurrency=w.concurrency,
-                execution=w.execution,
-                group_pid=w.parent_pid,
-                state="restarting",
-                stale=within + stale_after(interval),
-                expire=within + expire_after(interval),
-                running=len(w.inflight),
-                async_commit=False,
-            )
+            self._write(db, state="restarting", within=within, async_commit=False)
         except Exception as exc:  # the image is being replaced: nothing else to do about it
             logger.warning(
                 "dbqueue worker %s could not say in the worker registry that it restarts (%s); "

@@ -242,6 +242,17 @@ def fail(using, *, job_id, token, error, delay, dead=False):
     return ended[0] if ended else None
 
 
+def _one_mine(columns):
+    """The CTE ``mine``: one running job's row under this lease, locked unless another
+    transaction holds it (then it is nothing)."""
+    return f"""
+WITH mine AS MATERIALIZED (
+    SELECT {columns} FROM dbqueue_job
+    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
+    FOR NO KEY UPDATE SKIP LOCKED
+)"""
+
+
 # One failure: back to pending after a delay, or dead when the attempts are spent or the handler
 # asked for no retry. Fenced like COMPLETE_JOBS. The error entry gets its time from the database.
 # A job whose cancel was asked for while it ran ends cancelled instead, its error kept: a
@@ -253,12 +264,9 @@ def fail(using, *, job_id, token, error, delay, dead=False):
 # worker reads it back (still running under this claim) and writes it again later. On a worker's
 # Session (FAIL_HELD_JOB) the same for a dead or cancelled end whose workflow dependent another
 # transaction holds (DEPENDENTS_FREE); through Django's connection (store.fail) that waits.
-FAIL_JOB = """
-WITH mine AS MATERIALIZED (
-    SELECT id FROM dbqueue_job
-    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
-    FOR NO KEY UPDATE SKIP LOCKED
-)
+# The write both share; {FROM} is the CTE that names the row: mine, or free (its dependents not
+# held).
+_FAIL = """
 UPDATE dbqueue_job
 SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                  WHEN %(dead)s::boolean OR attempts >= max_attempts THEN 'dead'
@@ -271,39 +279,22 @@ SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
     leased_until = NULL,
     errors = errors || pg_catalog.jsonb_build_array(
         %(error)s::jsonb || pg_catalog.jsonb_build_object('at'::text, now()))
-WHERE id = (SELECT id FROM mine)
+WHERE id = (SELECT id FROM {FROM})
 RETURNING state, cancelled_by,
           CASE WHEN state::text <> 'pending' AND {RESULT_WAITED}
                THEN pg_notify(%(channel)s::text || '.done', id::text) END
 """.replace("{RESULT_WAITED}", RESULT_WAITED)
+FAIL_JOB = _one_mine("id") + _FAIL.replace("{FROM}", "mine")
 # On a worker's Session (acks.py), the same without waiting for a dependent (DEPENDENTS_FREE).
-FAIL_HELD_JOB = """
-WITH mine AS MATERIALIZED (
-    SELECT id, dependents,
-           cancel_requested_at IS NOT NULL OR %(dead)s::boolean OR attempts >= max_attempts
-               AS ending
-    FROM dbqueue_job
-    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
-    FOR NO KEY UPDATE SKIP LOCKED
-),
-{FREE}
-UPDATE dbqueue_job
-SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                 WHEN %(dead)s::boolean OR attempts >= max_attempts THEN 'dead'
-                 ELSE 'pending' END,
-    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s::boolean
-                            OR attempts >= max_attempts THEN now() END,
-    run_after = CASE WHEN cancel_requested_at IS NOT NULL OR %(dead)s::boolean
-                          OR attempts >= max_attempts
-                     THEN run_after ELSE now() + %(delay)s::float8 * interval '1 second' END,
-    leased_until = NULL,
-    errors = errors || pg_catalog.jsonb_build_array(
-        %(error)s::jsonb || pg_catalog.jsonb_build_object('at'::text, now()))
-WHERE id = (SELECT id FROM free)
-RETURNING state, cancelled_by,
-          CASE WHEN state::text <> 'pending' AND {RESULT_WAITED}
-               THEN pg_notify(%(channel)s::text || '.done', id::text) END
-""".replace("{RESULT_WAITED}", RESULT_WAITED).replace("{FREE}", dependents_free("m.ending"))
+FAIL_HELD_JOB = (
+    _one_mine(
+        "id, dependents, cancel_requested_at IS NOT NULL OR %(dead)s::boolean"
+        " OR attempts >= max_attempts AS ending"
+    )
+    + ",\n"
+    + dependents_free("m.ending")
+    + _FAIL.replace("{FROM}", "free")
+)
 
 
 def fail_job(using, *, job_id, token, error, delay, dead=False):
@@ -328,36 +319,23 @@ def fail_job(using, *, job_id, token, error, delay, dead=False):
 # it), an async handler's task was cancelled, or the worker learned of the cancel before the
 # run started and never started it. Fenced like the rest; durable like a failure. SKIP LOCKED
 # like FAIL_JOB.
-END_CANCELLED = """
-WITH mine AS MATERIALIZED (
-    SELECT id FROM dbqueue_job
-    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
-    FOR NO KEY UPDATE SKIP LOCKED
-)
+_END_CANCELLED = """
 UPDATE dbqueue_job
 SET state = 'cancelled', finished_at = now(), leased_until = NULL,
     cancel_requested_at = COALESCE(cancel_requested_at, now()),
     cancelled_by = COALESCE(cancelled_by::text, %(by)s::text)
-WHERE id = (SELECT id FROM mine)
+WHERE id = (SELECT id FROM {FROM})
 RETURNING state, cancelled_by,
           CASE WHEN {RESULT_WAITED} THEN pg_notify(%(channel)s::text || '.done', id::text) END
 """.replace("{RESULT_WAITED}", RESULT_WAITED)
+END_CANCELLED = _one_mine("id") + _END_CANCELLED.replace("{FROM}", "mine")
 # On a worker's Session (acks.py), the same without waiting for a dependent (DEPENDENTS_FREE).
-END_CANCELLED_HELD = """
-WITH mine AS MATERIALIZED (
-    SELECT id, dependents FROM dbqueue_job
-    WHERE id = %(id)s::bigint AND lease_token = %(token)s::bigint AND state::text = 'running'
-    FOR NO KEY UPDATE SKIP LOCKED
-),
-{FREE_ALL}
-UPDATE dbqueue_job
-SET state = 'cancelled', finished_at = now(), leased_until = NULL,
-    cancel_requested_at = COALESCE(cancel_requested_at, now()),
-    cancelled_by = COALESCE(cancelled_by::text, %(by)s::text)
-WHERE id = (SELECT id FROM free)
-RETURNING state, cancelled_by,
-          CASE WHEN {RESULT_WAITED} THEN pg_notify(%(channel)s::text || '.done', id::text) END
-""".replace("{RESULT_WAITED}", RESULT_WAITED).replace("{FREE_ALL}", dependents_free("true"))
+END_CANCELLED_HELD = (
+    _one_mine("id, dependents")
+    + ",\n"
+    + dependents_free("true")
+    + _END_CANCELLED.replace("{FROM}", "free")
+)
 
 
 def end_cancelled(using, *, job_id, token, by="handler"):
