@@ -4,6 +4,7 @@ import pytest
 
 from django_dbqueue import wakeup
 from django_dbqueue.worker import Worker
+from tests.held import Caller
 
 FAST = {
     "QUEUES": {"default": {}, "emails": {}},
@@ -57,3 +58,30 @@ def _wakeups_settled():
     wakeup._COALESCER._last.clear()
     yield
     assert wakeup.flush(5.0, close=True), "wake-up sender did not settle"
+
+
+@pytest.fixture
+def callers():
+    """``callers(sql, params)``: a caller's transaction on a connection of its own, holding
+    what ``sql`` selects until its ``commit()``; rolled back at teardown if still open."""
+    holding = []
+
+    def hold(sql, params):
+        holding.append(Caller(sql, params))
+        return holding[-1]
+
+    yield hold
+    for caller in holding:
+        caller.rollback()
+
+
+@pytest.fixture
+def held(callers):
+    """``held(job_id)``: a caller's transaction holding a job's row lock as a writer takes it
+    (FOR NO KEY UPDATE, what an UPDATE of the row takes; ``strength="FOR UPDATE"`` is a
+    ``select_for_update()``'s)."""
+
+    def hold(job_id, strength="FOR NO KEY UPDATE"):
+        return callers(f"SELECT 1 FROM dbqueue_job WHERE id = %s {strength}", [job_id])
+
+    return hold

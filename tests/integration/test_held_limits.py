@@ -11,7 +11,7 @@ from django_dbqueue import enqueue, store, workflow
 from django_dbqueue.acks import Acknowledger
 from django_dbqueue.connections import connection_params
 from django_dbqueue.models import Limiter
-from tests.integration.test_review_held_waits import CountingSession, _Entry
+from tests.held import Entry, worker_session
 from tests.utils import job_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,38 +19,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 WORKER = "host:3:limits"
 
 
-class Caller:
-    """A caller's transaction holding one row with ``select ... for update``."""
-
-    def __init__(self, sql, params):
-        self.conn = psycopg.connect(**connection_params("default"))
-        assert self.conn.execute(sql, params).fetchall(), "nothing to hold"
-
-    def end(self):
-        self.conn.commit()
-        self.conn.close()
-
-
-@pytest.fixture
-def callers():
-    held = []
-
-    def hold(sql, params):
-        held.append(Caller(sql, params))
-        return held[-1]
-
-    yield hold
-    for caller in held:
-        if not caller.conn.closed:
-            caller.conn.rollback()
-            caller.conn.close()
-
-
 @pytest.fixture
 def session():
-    worker_session = CountingSession("default", lock_timeout=0.2, track_backend=True)
-    yield worker_session
-    worker_session.close()
+    session = worker_session()
+    yield session
+    session.close()
 
 
 def flow_params(queue_conc, types=()):
@@ -102,7 +75,7 @@ def test_a_held_queue_limiter_leaves_out_its_queue_and_claims_the_others(session
     assert session.lock_waits == 0
     assert rows.reopen_in is not None and 0 < rows.reopen_in <= 1.0
     assert {job_row(i)["state"] for i in limited} == {"pending"}
-    caller.end()
+    caller.commit()
     rows = claim(session, flow)
     assert [row.id for row in rows] == limited[:1]  # the limit of 1, counted under its row
 
@@ -120,7 +93,7 @@ def test_a_held_type_limiter_leaves_out_that_type_in_every_queue(session, caller
     assert [row.id for row in rows] == [other]
     assert session.lock_waits == 0
     assert job_row(limited)["state"] == "pending"
-    caller.end()
+    caller.commit()
     rows = claim(session, flow_params([None, None], types=[("record", 5)]))
     assert [row.id for row in rows] == [limited]
 
@@ -143,13 +116,13 @@ def test_a_dead_end_whose_dependent_is_held_is_put_off_without_a_lock_wait(sessi
     )
     caller = callers("SELECT 1 FROM dbqueue_job WHERE id = %s FOR UPDATE", [dependent_id])
     error = {"attempt": 1, "class": "ValueError", "message": "boom", "traceback": "", "worker": ""}
-    acks.fail(_Entry(parent_id, token), error, delay=0)
+    acks.fail(Entry(parent_id, token), error, delay=0)
 
     assert acks.flush_once(session) == 0
     assert session.lock_waits == 0
     assert acks.pending() == 1
     assert job_row(parent_id)["state"] == "running"
-    caller.end()
+    caller.commit()
     acks._take_due(float("inf"))  # its retry's time, without waiting for it
     assert acks.flush_once(session) == 1
     assert job_row(parent_id)["state"] == "dead"
@@ -181,7 +154,7 @@ def test_a_release_ending_cancelled_whose_dependent_is_held_comes_back_busy(sess
 
     assert (ended, busy) == ({other_id: "pending"}, {parent_id})
     assert session.lock_waits == 0
-    caller.end()
+    caller.commit()
     assert store.hand_back(session, [(parent_id, token)]) == ({parent_id: "cancelled"}, set())
     assert job_row(dependent_id)["state"] == "cancelled"
 

@@ -8,14 +8,14 @@ Each race is held open at its exact point: the lock is taken, the worker's state
 must not wait: the Session's lock_timeout would fail it instead of hanging the test), the lock
 is let go, and the statements that follow run in one order, then in the other."""
 
-import psycopg
 import pytest
 from django.db import connection
 
 from django_dbqueue import enqueue, store, workflow
 from django_dbqueue.acks import Acknowledger
-from django_dbqueue.connections import BUSY_ERRORS, Session, connection_params
+from django_dbqueue.connections import BUSY_ERRORS, Session
 from django_dbqueue.sweeper import Sweeper
+from tests.held import Entry, worker_session
 from tests.utils import job_row, scalar, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,45 +24,13 @@ ERROR = {"attempt": 1, "class": "ValueError", "message": "boom", "traceback": ""
 LIVE = "host:1:live"  # a worker with a fresh row in the registry
 
 
-class Held:
-    """A caller's transaction on a connection of its own: ``lock(id)`` takes a job's row lock
-    as a writer does (FOR NO KEY UPDATE, what an UPDATE of the row takes; ``strength`` FOR
-    UPDATE is a ``select_for_update()``'s); ``commit()`` ends it."""
-
-    def __init__(self):
-        self.conn = psycopg.connect(**connection_params("default"))
-
-    def lock(self, job_id, strength="FOR NO KEY UPDATE"):
-        self.conn.execute(f"SELECT 1 FROM dbqueue_job WHERE id = %s {strength}", [job_id])
-        return self
-
-    def commit(self):
-        self.conn.commit()
-        self.conn.close()
-
-
 @pytest.fixture
 def session():
     """The worker's own connection, with the lock_timeout a worker sets: a statement that
     waited for the held row would fail with LockNotAvailable after 0.2 s."""
-    worker_session = Session("default", lock_timeout=0.2, track_backend=True)
-    yield worker_session
-    worker_session.close()
-
-
-@pytest.fixture
-def held():
-    holders = []
-
-    def hold(job_id, **kwargs):
-        holders.append(Held().lock(job_id, **kwargs))
-        return holders[-1]
-
-    yield hold
-    for holder in holders:
-        if not holder.conn.closed:
-            holder.conn.rollback()
-            holder.conn.close()
+    session = worker_session()
+    yield session
+    session.close()
 
 
 def claim(count, worker=LIVE, queue="default"):
@@ -138,7 +106,7 @@ def test_a_batch_of_completions_writes_the_free_rows_and_keeps_the_held_one(sess
     acks = Acknowledger(
         worker_id=LIVE, batch=100, async_commit=False, unknown_type_delay=1, unknown_type_grace=1
     )
-    entries = {job_id: _entry(job_id, token) for job_id in (a, b, c)}
+    entries = {job_id: Entry(job_id, token) for job_id in (a, b, c)}
     caller = held(b)
     for entry in entries.values():
         acks.succeed(entry, '"ok"')
@@ -160,8 +128,8 @@ def test_a_failure_and_a_cancelled_end_wait_for_a_held_row_without_blocking(sess
         worker_id=LIVE, batch=100, async_commit=False, unknown_type_delay=1, unknown_type_grace=1
     )
     callers = [held(a), held(b)]
-    acks.fail(_entry(a, token), ERROR, delay=0)
-    acks.cancel(_entry(b, token))
+    acks.fail(Entry(a, token), ERROR, delay=0)
+    acks.cancel(Entry(b, token))
 
     assert acks.flush_once(session) == 0
     assert (acks.pending(), acks.fenced) == (2, 0)
@@ -192,8 +160,8 @@ def test_a_completion_whose_workflow_dependent_is_held_is_written_once_it_is_fre
         worker_id=LIVE, batch=100, async_commit=False, unknown_type_delay=1, unknown_type_grace=1
     )
     caller = held(dependent)
-    acks.succeed(_entry(parent_id, parent_token), None)
-    acks.succeed(_entry(other, token), None)
+    acks.succeed(Entry(parent_id, parent_token), None)
+    acks.succeed(Entry(other, token), None)
 
     assert acks.flush_once(session) == 1
     assert job_row(other)["state"] == "done"
@@ -306,23 +274,3 @@ def expire_under_lock(job_id, caller):
 
 def now():
     return scalar("SELECT now()")
-
-
-class _Ctx:
-    def __init__(self, job_id):
-        self.id, self.type, self.name, self.queue = job_id, "record", "record", "default"
-        self.attempt, self.max_attempts = 1, 3
-
-
-class _Entry:
-    def __init__(self, job_id, token):
-        self.ctx, self.token = _Ctx(job_id), token
-        self.given_up = False
-
-    @property
-    def key(self):
-        return (self.ctx.id, self.token)
-
-
-def _entry(job_id, token):
-    return _Entry(job_id, token)

@@ -15,8 +15,9 @@ import pytest
 
 from django_dbqueue import enqueue, store, workflow
 from django_dbqueue.acks import Acknowledger
-from django_dbqueue.connections import BUSY_ERRORS, Session, connection_params
+from django_dbqueue.connections import BUSY_ERRORS, connection_params
 from django_dbqueue.sweeper import Sweeper
+from tests.held import Entry, worker_session
 from tests.utils import job_row
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,54 +26,11 @@ DEAD = "host:1:killed"  # a worker that is gone: no row in the registry
 LIVE = "host:2:live"
 
 
-class Held:
-    """A caller's transaction holding one job's row (a ``select_for_update()``)."""
-
-    def __init__(self, job_id):
-        self.conn = psycopg.connect(**connection_params("default"))
-        self.conn.execute("SELECT 1 FROM dbqueue_job WHERE id = %s FOR UPDATE", [job_id])
-
-    def commit(self):
-        self.conn.commit()
-        self.conn.close()
-
-
-@pytest.fixture
-def held():
-    holders = []
-
-    def hold(job_id):
-        holders.append(Held(job_id))
-        return holders[-1]
-
-    yield hold
-    for holder in holders:
-        if not holder.conn.closed:
-            holder.conn.rollback()
-            holder.conn.close()
-
-
-class CountingSession(Session):
-    """The worker's Session, counting the statements that waited for a lock until its
-    lock_timeout ended them (each one held the worker's only connection that long)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.lock_waits = 0
-
-    def execute(self, statement, params):
-        try:
-            return super().execute(statement, params)
-        except BUSY_ERRORS:
-            self.lock_waits += 1
-            raise
-
-
 @pytest.fixture
 def session():
-    worker_session = CountingSession("default", lock_timeout=0.2, track_backend=True)
-    yield worker_session
-    worker_session.close()
+    session = worker_session()
+    yield session
+    session.close()
 
 
 def claim_all(worker, queue, count):
@@ -113,7 +71,7 @@ def test_a_held_dependent_does_not_stop_the_sweeper_taking_back_other_expired_le
     claim_all(DEAD, "default", 1)
     expire(parent_id, 20)
     expire(other_id, 10)
-    caller = held(dependent_id)
+    caller = held(dependent_id, strength="FOR UPDATE")
 
     sweeper = Sweeper(db=session)  # a live worker's sweep, on its own Session
     # What Maintenance.guarded does with a sweep that failed: logs it, tries again later.
@@ -145,10 +103,10 @@ def test_a_held_join_costs_the_worker_one_lock_wait_per_flush_not_one_per_job(se
     acks = Acknowledger(
         worker_id=LIVE, batch=100, async_commit=False, unknown_type_delay=1, unknown_type_grace=1
     )
-    caller = held(join_id)
+    caller = held(join_id, strength="FOR UPDATE")
     for job_id in parent_ids:
-        acks.succeed(_Entry(job_id, token), None)
-    acks.succeed(_Entry(other_id, other_token), None)
+        acks.succeed(Entry(job_id, token), None)
+    acks.succeed(Entry(other_id, other_token), None)
 
     acks.flush_once(session)
 
@@ -158,19 +116,3 @@ def test_a_held_join_costs_the_worker_one_lock_wait_per_flush_not_one_per_job(se
         f"one flush waited lock_timeout {session.lock_waits} times on the worker's connection"
     )
     caller.commit()
-
-
-class _Ctx:
-    def __init__(self, job_id):
-        self.id, self.type, self.name, self.queue = job_id, "record", "record", "default"
-        self.attempt, self.max_attempts = 1, 3
-
-
-class _Entry:
-    def __init__(self, job_id, token):
-        self.ctx, self.token = _Ctx(job_id), token
-        self.given_up = False
-
-    @property
-    def key(self):
-        return (self.ctx.id, self.token)
