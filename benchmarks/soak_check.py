@@ -1050,7 +1050,7 @@ class Checker:
         if retyped:
             rows = self.conn.execute(hostile.RETYPED, [sorted(retyped)]).fetchall()
             found += hostile.retype_violations(retyped, rows, final)
-        found += hostile.dead_violations(self.conn.execute(hostile.DEAD).fetchall(), poisoned)
+        found += hostile.dead_found(self.conn, facts.poisoned)
         pids = {pid: list(tags) for pid, tags in list(facts.worker_pids.items())}
         found += hostile.attempt_violations(
             self.conn.execute(hostile.UNRUN).fetchall(), list(facts.faults), pids, stats

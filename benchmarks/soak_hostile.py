@@ -321,6 +321,16 @@ def retype_violations(retyped, rows, final=False):
     return out
 
 
+def dead_found(conn, poisoned):
+    """``dead-unowned`` now: :data:`DEAD` read first, then the ids poisoned so far (the live
+    mapping ``poisoned``, which the hostile actor writes on another thread). The actor notes a
+    poison before its ``UPDATE``, and a job dies of it only after: every death the query sees
+    was noted before the query ran, so the mapping read after it names each one. (Read before
+    it, a poison noted, written and fatal in between looked unowned: a false violation.)"""
+    rows = conn.execute(DEAD).fetchall()
+    return dead_violations(rows, dict(poisoned))
+
+
 def dead_violations(rows, poisoned):
     """``dead-unowned`` from :data:`DEAD`'s rows (job, entries, an UnreadableJob message) and
     the ids the soak poisoned."""

@@ -148,6 +148,32 @@ def test_dead_jobs_of_their_own_failures_pass_and_others_are_caught():
     assert sh.dead_violations(rows[:1], POISONED) == []
 
 
+class _ActorDuringTheQuery:
+    """A connection whose DEAD query meets a job the actor poisoned (noted, written, and
+    fatal) while the checker was between its reads: the actor's note lands during the query."""
+
+    def __init__(self, poisoned):
+        self.poisoned = poisoned
+
+    def execute(self, sql, params=None):
+        assert sql == sh.DEAD
+        self.poisoned[7] = sh.Poisoned(7, "float-400", at(50), 0)
+        self.rows = [(7, 1, "payload: a number of 403 characters, beyond a float's range")]
+        return self
+
+    def fetchall(self):
+        return self.rows
+
+
+def test_a_poison_noted_while_the_checker_reads_is_not_unowned():
+    poisoned = dict(POISONED)
+    assert sh.dead_found(_ActorDuringTheQuery(poisoned), poisoned) == []
+    # What the checker did before (the ids copied first, then the query) finds it unowned.
+    before = dict(POISONED)
+    rows = _ActorDuringTheQuery(dict(POISONED)).execute(sh.DEAD).fetchall()
+    assert kinds(sh.dead_violations(rows, before)) == ["dead-unowned"]
+
+
 # -- attempts ------------------------------------------------------------------------------------
 
 PIDS = {100: ["w0.1"], 200: ["w1.1", "w1.2"], 300: ["w2.1"]}
